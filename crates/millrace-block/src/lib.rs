@@ -1,0 +1,106 @@
+//! The contract between the layers: exports (NVMe/TCP, NBD, shares) see a volume as a block
+//! device with byte-addressed read/write/flush/discard. They know nothing about parity or drives;
+//! the array layer knows nothing about networks. This crate is the only thing both sides share.
+
+use std::io;
+use std::sync::RwLock;
+
+/// A block device as an export sees it. Offsets and lengths are in bytes and need not be
+/// aligned; implementations handle any alignment (aligned I/O is simply faster).
+/// Methods are blocking: async callers run them on a blocking pool.
+pub trait BlockDevice: Send + Sync + 'static {
+    /// Usable size in bytes.
+    fn size_bytes(&self) -> u64;
+    /// The I/O size that avoids read-modify-write (a full stripe for parity arrays).
+    fn preferred_io_bytes(&self) -> u64 {
+        4096
+    }
+    /// The smallest unit the device writes atomically with respect to itself.
+    fn block_bytes(&self) -> u32 {
+        4096
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;
+    /// Makes every completed write durable.
+    fn flush(&self) -> io::Result<()>;
+    /// Deallocates a range; later reads of it return zeroes.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.write_zeroes(offset, len)
+    }
+    /// Writes zeroes over a range.
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        let chunk = vec![0u8; len.min(1 << 20) as usize];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(chunk.len() as u64) as usize;
+            self.write_at(offset + done, &chunk[..n])?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Refuses a range that does not fit in a device of `size` bytes, with a sentence that says so.
+pub fn check_range(size: u64, offset: u64, len: u64) -> io::Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "the range {offset}+{len} bytes lies past the end of the device ({size} bytes)"
+            ),
+        )),
+    }
+}
+
+/// A RAM-backed block device, for tests of the layers above the array.
+pub struct MemBlockDevice {
+    data: RwLock<Vec<u8>>,
+}
+
+impl MemBlockDevice {
+    pub fn new(size: u64) -> Self {
+        Self {
+            data: RwLock::new(vec![0; size as usize]),
+        }
+    }
+}
+
+impl BlockDevice for MemBlockDevice {
+    fn size_bytes(&self) -> u64 {
+        self.data.read().unwrap().len() as u64
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let d = self.data.read().unwrap();
+        check_range(d.len() as u64, offset, buf.len() as u64)?;
+        buf.copy_from_slice(&d[offset as usize..offset as usize + buf.len()]);
+        Ok(())
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let mut d = self.data.write().unwrap();
+        check_range(d.len() as u64, offset, data.len() as u64)?;
+        d[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_device_round_trip_and_refuses_past_end() {
+        let d = MemBlockDevice::new(8192);
+        d.write_at(4000, b"hello").unwrap();
+        let mut b = [0u8; 5];
+        d.read_at(4000, &mut b).unwrap();
+        assert_eq!(&b, b"hello");
+        assert!(d.read_at(8190, &mut b).is_err());
+        d.write_zeroes(4000, 5).unwrap();
+        d.read_at(4000, &mut b).unwrap();
+        assert_eq!(b, [0; 5]);
+    }
+}
