@@ -1,0 +1,74 @@
+//! Heap buffers aligned for O_DIRECT. A few lines of `std::alloc` do this; the crates that offer
+//! it bring more than we need, so it is written here.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+pub const ALIGN: usize = 4096;
+
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// The buffer owns its allocation exclusively, like a Vec<u8>.
+unsafe impl Send for AlignedBuf {}
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// A zeroed buffer of `len` bytes whose start is 4 KiB aligned.
+    pub fn zeroed(len: usize) -> AlignedBuf {
+        if len == 0 {
+            return AlignedBuf {
+                ptr: NonNull::dangling(),
+                len: 0,
+            };
+        }
+        let layout = Layout::from_size_align(len, ALIGN).expect("buffer size overflows");
+        // SAFETY: layout has a non-zero size.
+        let p = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        AlignedBuf { ptr, len }
+    }
+
+    pub fn from_slice(data: &[u8]) -> AlignedBuf {
+        let mut b = AlignedBuf::zeroed(data.len());
+        b.copy_from_slice(data);
+        b
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: allocated in `zeroed` with this very layout.
+            unsafe {
+                dealloc(
+                    self.ptr.as_ptr(),
+                    Layout::from_size_align_unchecked(self.len, ALIGN),
+                )
+            }
+        }
+    }
+}
+
+impl Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len bytes (or dangling with len 0).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and &mut self gives exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+/// Whether a slice can go to an O_DIRECT member as it is.
+pub fn is_aligned(buf: &[u8]) -> bool {
+    (buf.as_ptr() as usize) % ALIGN == 0 && buf.len() % ALIGN == 0
+}

@@ -1,0 +1,213 @@
+//! Members as the engine sees them: something that reads and writes at byte offsets. Files and
+//! block devices in production (O_DIRECT, io_uring), RAM in tests, wrappers for fault injection.
+
+use parking_lot::RwLock;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Once;
+
+use crate::aligned::AlignedBuf;
+
+pub trait Drive: Send + Sync {
+    /// A name for messages: the path for files.
+    fn describe(&self) -> String;
+    fn size_bytes(&self) -> u64;
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Makes every completed write durable.
+    fn flush(&self) -> io::Result<()>;
+    /// A file descriptor io_uring may read and write directly with the same meaning as
+    /// `read_at`/`write_at`; None sends I/O through the methods above.
+    fn uring_fd(&self) -> Option<RawFd> {
+        None
+    }
+    /// Whether I/O needs 4 KiB aligned buffers (O_DIRECT).
+    fn direct(&self) -> bool {
+        false
+    }
+}
+
+static BUFFERED_NOTICE: Once = Once::new();
+
+/// A drive file or block device.
+pub struct FileDrive {
+    path: PathBuf,
+    file: File,
+    size: u64,
+    direct: bool,
+}
+
+impl FileDrive {
+    /// Opens a member for exclusive use by this process: O_DIRECT where the filesystem allows
+    /// it, buffered I/O with fdatasync on flush where it does not (tmpfs, 9p), said once.
+    pub fn open(path: &Path) -> io::Result<FileDrive> {
+        let mut direct = true;
+        let file = match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+        {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                direct = false;
+                OpenOptions::new().read(true).write(true).open(path)?
+            }
+            Err(e) => return Err(e),
+        };
+        let meta = file.metadata()?;
+        let size = if meta.file_type().is_file() {
+            meta.len()
+        } else {
+            use std::io::Seek;
+            (&file).seek(io::SeekFrom::End(0))?
+        };
+        // Some filesystems accept O_DIRECT at open and refuse it at the first I/O: probe once.
+        if direct && size >= 4096 {
+            let mut probe = AlignedBuf::zeroed(4096);
+            if let Err(e) = file.read_exact_at(&mut probe, 0) {
+                if e.raw_os_error() == Some(libc::EINVAL) {
+                    direct = false;
+                } else {
+                    return Err(e);
+                }
+            }
+        }
+        let file = if direct {
+            file
+        } else {
+            BUFFERED_NOTICE.call_once(|| {
+                tracing::warn!(
+                    "the filesystem under {} refuses O_DIRECT; members there use buffered I/O with fdatasync on flush",
+                    path.display()
+                )
+            });
+            OpenOptions::new().read(true).write(true).open(path)?
+        };
+        // One process owns a member at a time: a second `millrace` (or a server) must not write
+        // the same drive behind this one's back.
+        // SAFETY: flock on a valid descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    format!(
+                        "{} is in use by another process (a running `millrace serve`?); stop it or use the server's API",
+                        path.display()
+                    ),
+                ));
+            }
+            return Err(e);
+        }
+        Ok(FileDrive {
+            path: path.to_path_buf(),
+            file,
+            size,
+            direct,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// (device, inode): two paths naming the same drive have the same identity.
+    pub fn identity(path: &Path) -> io::Result<(u64, u64)> {
+        let m = std::fs::metadata(path)?;
+        if m.file_type().is_block_device() {
+            Ok((m.rdev(), 0))
+        } else {
+            Ok((m.dev(), m.ino()))
+        }
+    }
+}
+
+use std::os::unix::fs::FileTypeExt;
+
+impl Drive for FileDrive {
+    fn describe(&self) -> String {
+        self.path.display().to_string()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.size
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.file.read_exact_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.file.write_all_at(buf, offset)
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+    fn uring_fd(&self) -> Option<RawFd> {
+        Some(self.file.as_raw_fd())
+    }
+    fn direct(&self) -> bool {
+        self.direct
+    }
+}
+
+/// A RAM drive, for tests and simulations.
+pub struct MemDrive {
+    name: String,
+    data: RwLock<Vec<u8>>,
+}
+
+impl MemDrive {
+    pub fn new(name: impl Into<String>, size: u64) -> MemDrive {
+        MemDrive {
+            name: name.into(),
+            data: RwLock::new(vec![0; size as usize]),
+        }
+    }
+
+    /// A copy of the drive's bytes, as a test reference reads them.
+    pub fn snapshot(&self) -> Vec<u8> {
+        self.data.read().clone()
+    }
+
+    /// Changes bytes behind the engine's back, as a lying drive would.
+    pub fn corrupt(&self, offset: u64, bytes: &[u8]) {
+        self.data.write()[offset as usize..offset as usize + bytes.len()].copy_from_slice(bytes);
+    }
+}
+
+fn check(size: usize, offset: u64, len: usize, name: &str) -> io::Result<usize> {
+    let off = offset as usize;
+    if off.checked_add(len).is_none_or(|end| end > size) {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("I/O at {offset}+{len} lies past the end of {name} ({size} bytes)"),
+        ));
+    }
+    Ok(off)
+}
+
+impl Drive for MemDrive {
+    fn describe(&self) -> String {
+        self.name.clone()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.data.read().len() as u64
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let d = self.data.read();
+        let off = check(d.len(), offset, buf.len(), &self.name)?;
+        buf.copy_from_slice(&d[off..off + buf.len()]);
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let mut d = self.data.write();
+        let off = check(d.len(), offset, buf.len(), &self.name)?;
+        d[off..off + buf.len()].copy_from_slice(buf);
+        Ok(())
+    }
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,931 @@
+//! The RAID engine: turns byte-addressed reads and writes of a pool into member I/O.
+//!
+//! Writes are planned per (row, group): a full stripe computes parity from new data alone; a
+//! partial one reads either the old data and parity (read-modify-write) or the rest of the stripe
+//! (reconstruct-write), whichever reads less; a group with a member it cannot read rebuilds the
+//! span from what it can read, then writes. All reads of one request go out as one batch, then
+//! all writes as another, so every drive works at once. Rows touched by a write are locked, so
+//! concurrent writes to one stripe never leave its parity wrong.
+
+use std::io;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard, RwLock};
+
+use crate::aligned::{is_aligned, AlignedBuf};
+use crate::drive::Drive;
+use crate::geometry::{Geometry, SECTOR};
+use crate::io::{execute, Op};
+use crate::superblock::MemberState;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArrayError {
+    #[error("the range {offset}+{len} bytes lies past the end of the pool ({size} bytes)")]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+    #[error("the pool is offline: group {group} has lost {lost} of its drives but survives the loss of only {tolerance}; bring drives back (`millrace pool import`) before using it")]
+    Offline {
+        group: usize,
+        lost: usize,
+        tolerance: usize,
+    },
+}
+
+impl From<ArrayError> for io::Error {
+    fn from(e: ArrayError) -> io::Error {
+        let kind = match e {
+            ArrayError::OutOfRange { .. } => io::ErrorKind::InvalidInput,
+            ArrayError::Offline { .. } => io::ErrorKind::Other,
+        };
+        io::Error::new(kind, e.to_string())
+    }
+}
+
+pub type Result<T> = std::result::Result<T, ArrayError>;
+
+/// Counters a dashboard or bench reads.
+#[derive(Default, Debug)]
+pub struct Stats {
+    pub read_ops: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub write_ops: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub full_stripe_writes: AtomicU64,
+    pub rmw_writes: AtomicU64,
+    pub rcw_writes: AtomicU64,
+    pub degraded_writes: AtomicU64,
+    pub degraded_reads: AtomicU64,
+    pub member_errors: AtomicU64,
+}
+
+/// A member slot with no drive behind it (lost, or never found at import).
+pub struct MissingDrive(pub String);
+
+impl Drive for MissingDrive {
+    fn describe(&self) -> String {
+        self.0.clone()
+    }
+    fn size_bytes(&self) -> u64 {
+        0
+    }
+    fn read_at(&self, _: &mut [u8], _: u64) -> io::Result<()> {
+        Err(io::Error::new(io::ErrorKind::NotFound, format!("{} is missing", self.0)))
+    }
+    fn write_at(&self, _: &[u8], _: u64) -> io::Result<()> {
+        Err(io::Error::new(io::ErrorKind::NotFound, format!("{} is missing", self.0)))
+    }
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+type FailureHook = Box<dyn Fn(usize, &io::Error) + Send + Sync>;
+
+const LOCK_SHARDS: usize = 1024;
+
+pub struct Array {
+    geo: Geometry,
+    data_offset: u64,
+    drives: Vec<Arc<dyn Drive>>,
+    states: Vec<AtomicU8>,
+    /// Rows below this are valid on a member being rebuilt (per member).
+    rebuilt_rows: Vec<AtomicU64>,
+    locks: Vec<Mutex<()>>,
+    on_failure: RwLock<Option<FailureHook>>,
+    pub stats: Stats,
+}
+
+fn state_code(s: MemberState) -> u8 {
+    match s {
+        MemberState::Online => 1,
+        MemberState::Faulty => 2,
+        MemberState::Spare => 3,
+        MemberState::Rebuilding => 4,
+        MemberState::Missing => 5,
+    }
+}
+
+fn state_from(c: u8) -> MemberState {
+    match c {
+        1 => MemberState::Online,
+        2 => MemberState::Faulty,
+        3 => MemberState::Spare,
+        4 => MemberState::Rebuilding,
+        _ => MemberState::Missing,
+    }
+}
+
+/// One piece of a request that falls inside one strip.
+struct Piece {
+    row: u64,
+    col: usize,
+    /// Offset inside the strip.
+    s: u64,
+    /// Offset inside the request buffer.
+    at: usize,
+    len: usize,
+}
+
+enum Plan {
+    Full,
+    Rmw,
+    Rcw,
+    Rebuild,
+}
+
+/// The writes of one request that land in one group of one row.
+struct Unit {
+    row: u64,
+    group: usize,
+    /// Members in syndrome order: data 0..k, then P (and Q).
+    layout: Vec<usize>,
+    /// (data index, offset in strip, offset in request, length)
+    writes: Vec<(usize, u64, usize, usize)>,
+    lo: u64,
+    hi: u64,
+    plan: Plan,
+    /// Span [lo, hi) buffers per layout position, as the plan needs them.
+    span: Vec<Option<AlignedBuf>>,
+    /// Old contents of each write (read-modify-write).
+    old: Vec<AlignedBuf>,
+    /// Layout positions this attempt could not read (fixed at planning time).
+    missing: Vec<usize>,
+}
+
+impl Array {
+    pub fn new(
+        geo: Geometry,
+        data_offset: u64,
+        drives: Vec<Arc<dyn Drive>>,
+        states: &[MemberState],
+    ) -> Array {
+        assert_eq!(drives.len(), geo.members);
+        assert_eq!(states.len(), geo.members);
+        Array {
+            geo,
+            data_offset,
+            drives,
+            states: states.iter().map(|s| AtomicU8::new(state_code(*s))).collect(),
+            rebuilt_rows: (0..geo.members).map(|_| AtomicU64::new(0)).collect(),
+            locks: (0..LOCK_SHARDS).map(|_| Mutex::new(())).collect(),
+            on_failure: RwLock::new(None),
+            stats: Stats::default(),
+        }
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.geo
+    }
+
+    pub fn data_offset(&self) -> u64 {
+        self.data_offset
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.geo.size_bytes()
+    }
+
+    pub fn drives(&self) -> &[Arc<dyn Drive>] {
+        &self.drives
+    }
+
+    pub fn member_state(&self, m: usize) -> MemberState {
+        state_from(self.states[m].load(Ordering::Acquire))
+    }
+
+    pub fn member_states(&self) -> Vec<MemberState> {
+        (0..self.geo.members).map(|m| self.member_state(m)).collect()
+    }
+
+    /// Called (from the I/O path) whenever a member is marked faulty, so the pool can record it.
+    pub fn set_failure_hook(&self, hook: FailureHook) {
+        *self.on_failure.write() = Some(hook);
+    }
+
+    /// Takes a member out of service. Returns false if it was not in service.
+    pub fn fail_member(&self, m: usize, why: &io::Error) -> bool {
+        let cur = self.states[m].load(Ordering::Acquire);
+        if cur != state_code(MemberState::Online) && cur != state_code(MemberState::Rebuilding) {
+            return false;
+        }
+        if self.states[m]
+            .compare_exchange(
+                cur,
+                state_code(MemberState::Faulty),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_err()
+        {
+            return false;
+        }
+        tracing::error!(
+            "member {m} ({}) marked faulty: {why}",
+            self.drives[m].describe()
+        );
+        if let Some(h) = self.on_failure.read().as_ref() {
+            h(m, why);
+        }
+        true
+    }
+
+    fn readable(&self, m: usize, row: u64) -> bool {
+        match self.member_state(m) {
+            MemberState::Online => true,
+            MemberState::Rebuilding => row < self.rebuilt_rows[m].load(Ordering::Acquire),
+            _ => false,
+        }
+    }
+
+    fn writable(&self, m: usize) -> bool {
+        matches!(
+            self.member_state(m),
+            MemberState::Online | MemberState::Rebuilding
+        )
+    }
+
+    fn all_online(&self) -> bool {
+        (0..self.geo.members).all(|m| self.member_state(m) == MemberState::Online)
+    }
+
+    /// Whether each group can still serve: the pool's health at a glance.
+    pub fn offline_group(&self) -> Option<ArrayError> {
+        let tol = self.geo.tolerance_per_group();
+        for g in 0..self.geo.groups() {
+            let lost = self
+                .geo
+                .group_members(g)
+                .filter(|&m| !self.readable(m, 0) && !self.writable(m))
+                .count();
+            if lost > tol {
+                return Some(ArrayError::Offline {
+                    group: g,
+                    lost,
+                    tolerance: tol,
+                });
+            }
+        }
+        None
+    }
+
+    fn member_offset(&self, row: u64, s: u64) -> u64 {
+        self.data_offset + row * self.geo.strip + s
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<()> {
+        if !self.all_online() {
+            // A pool that lost more than it survives serves nothing, not even the strips it
+            // still has: half an answer is how wrong data reaches a client.
+            if let Some(e) = self.offline_group() {
+                return Err(e);
+            }
+        }
+        let size = self.size_bytes();
+        match offset.checked_add(len) {
+            Some(end) if end <= size => Ok(()),
+            _ => Err(ArrayError::OutOfRange { offset, len, size }),
+        }
+    }
+
+    fn pieces(&self, offset: u64, len: usize) -> Vec<Piece> {
+        let strip = self.geo.strip;
+        let cols = self.geo.data_cols() as u64;
+        let mut v = Vec::new();
+        let mut pos = offset;
+        let end = offset + len as u64;
+        while pos < end {
+            let k = pos / strip;
+            let s = pos % strip;
+            let n = (strip - s).min(end - pos);
+            v.push(Piece {
+                row: k / cols,
+                col: (k % cols) as usize,
+                s,
+                at: (pos - offset) as usize,
+                len: n as usize,
+            });
+            pos += n;
+        }
+        v
+    }
+
+    /// Locks the rows of [offset, offset+len) in shard order, so two requests never wait on
+    /// each other in a cycle.
+    fn lock_rows(&self, offset: u64, len: u64) -> Vec<MutexGuard<'_, ()>> {
+        if len == 0 {
+            return Vec::new();
+        }
+        let fs = self.geo.full_stripe_bytes();
+        let (r0, r1) = (offset / fs, (offset + len - 1) / fs);
+        let mut shards: Vec<usize> = if r1 - r0 + 1 >= LOCK_SHARDS as u64 {
+            (0..LOCK_SHARDS).collect()
+        } else {
+            (r0..=r1).map(|r| (r % LOCK_SHARDS as u64) as usize).collect()
+        };
+        shards.sort_unstable();
+        shards.dedup();
+        shards.into_iter().map(|i| self.locks[i].lock()).collect()
+    }
+
+    fn needs_bounce(&self, offset: u64, buf: &[u8]) -> bool {
+        offset % SECTOR != 0
+            || buf.len() as u64 % SECTOR != 0
+            || (!is_aligned(buf) && self.drives.iter().any(|d| d.direct()))
+    }
+
+    /// Reads `buf.len()` bytes at any offset.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.stats.read_ops.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .read_bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        if !self.needs_bounce(offset, buf) {
+            return self.read_sectors(offset, buf, false);
+        }
+        let a0 = offset / SECTOR * SECTOR;
+        let a1 = (offset + buf.len() as u64).div_ceil(SECTOR) * SECTOR;
+        let mut tmp = AlignedBuf::zeroed((a1 - a0) as usize);
+        self.read_sectors(a0, &mut tmp, false)?;
+        let from = (offset - a0) as usize;
+        buf.copy_from_slice(&tmp[from..from + buf.len()]);
+        Ok(())
+    }
+
+    /// Writes `data` at any offset.
+    pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.check_range(offset, data.len() as u64)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.stats.write_ops.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .write_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        let a0 = offset / SECTOR * SECTOR;
+        let a1 = (offset + data.len() as u64).div_ceil(SECTOR) * SECTOR;
+        let _guards = self.lock_rows(a0, a1 - a0);
+        if !self.needs_bounce(offset, data) {
+            return self.write_sectors(offset, data);
+        }
+        // Unaligned edges: read the sectors they share with other data, under the same locks.
+        let mut tmp = AlignedBuf::zeroed((a1 - a0) as usize);
+        let end = offset + data.len() as u64;
+        if offset != a0 {
+            self.read_sectors(a0, &mut tmp[..SECTOR as usize], true)?;
+        }
+        if end != a1 && (a1 - SECTOR != a0 || offset == a0) {
+            let at = (a1 - a0 - SECTOR) as usize;
+            self.read_sectors(a1 - SECTOR, &mut tmp[at..], true)?;
+        }
+        let from = (offset - a0) as usize;
+        tmp[from..from + data.len()].copy_from_slice(data);
+        self.write_sectors(a0, &tmp)
+    }
+
+    /// Makes every completed write durable on every member in service.
+    pub fn flush(&self) -> Result<()> {
+        let live: Vec<usize> = (0..self.geo.members).filter(|&m| self.writable(m)).collect();
+        let results: Vec<(usize, io::Result<()>)> = std::thread::scope(|s| {
+            let hs: Vec<_> = live
+                .iter()
+                .map(|&m| {
+                    let d = &self.drives[m];
+                    s.spawn(move || (m, d.flush()))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (m, r) in results {
+            if let Err(e) = r {
+                self.stats.member_errors.fetch_add(1, Ordering::Relaxed);
+                self.fail_member(m, &e);
+            }
+        }
+        match self.offline_group() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs a batch; marks the members whose I/O failed as faulty. Returns whether all succeeded.
+    fn run(&self, ops: &mut [Op]) -> bool {
+        let results = execute(&self.drives, ops);
+        let mut ok = true;
+        for (op, r) in ops.iter().zip(results) {
+            if let Err(e) = r {
+                ok = false;
+                self.stats.member_errors.fetch_add(1, Ordering::Relaxed);
+                self.fail_member(op.member, &e);
+            }
+        }
+        ok
+    }
+
+    /// Reads whole sectors. `locked`: the caller holds the rows' locks already.
+    fn read_sectors(&self, offset: u64, buf: &mut [u8], locked: bool) -> Result<()> {
+        // Each failed attempt takes at least one member out of service, so this ends.
+        for _ in 0..=self.geo.members {
+            let _guards = if !locked && !self.all_online() {
+                self.lock_rows(offset, buf.len() as u64)
+            } else {
+                Vec::new()
+            };
+            if self.try_read(offset, buf)? {
+                return Ok(());
+            }
+        }
+        Err(self.offline_group().unwrap_or(ArrayError::Offline {
+            group: 0,
+            lost: self.geo.members,
+            tolerance: self.geo.tolerance_per_group(),
+        }))
+    }
+
+    fn try_read(&self, offset: u64, buf: &mut [u8]) -> Result<bool> {
+        let pieces = self.pieces(offset, buf.len());
+        let geo = &self.geo;
+        // Degraded pieces: read the rest of their group's span, then rebuild.
+        struct Degraded {
+            piece: usize,
+            layout: Vec<usize>,
+            target: usize,
+            bufs: Vec<AlignedBuf>,
+            missing: Vec<usize>,
+        }
+        let mut degraded: Vec<Degraded> = Vec::new();
+        let mut direct: Vec<(usize, usize)> = Vec::new(); // (piece, member)
+        for (i, p) in pieces.iter().enumerate() {
+            let loc = geo.locate(p.row, p.col);
+            if !geo.level.is_parity() {
+                let members: Vec<usize> = geo.group_members(loc.group).collect();
+                let start = (p.row % members.len() as u64) as usize;
+                let pick = (0..members.len())
+                    .map(|k| members[(start + k) % members.len()])
+                    .find(|&m| self.readable(m, p.row));
+                match pick {
+                    Some(m) => direct.push((i, m)),
+                    None => {
+                        return Err(ArrayError::Offline {
+                            group: loc.group,
+                            lost: members.len(),
+                            tolerance: geo.tolerance_per_group(),
+                        })
+                    }
+                }
+            } else if self.readable(loc.member, p.row) {
+                direct.push((i, loc.member));
+            } else {
+                let layout = geo.group_layout(p.row, loc.group);
+                let missing: Vec<usize> = (0..layout.len())
+                    .filter(|&k| !self.readable(layout[k], p.row))
+                    .collect();
+                if missing.len() > geo.level.parity() {
+                    return Err(ArrayError::Offline {
+                        group: loc.group,
+                        lost: missing.len(),
+                        tolerance: geo.level.parity(),
+                    });
+                }
+                degraded.push(Degraded {
+                    piece: i,
+                    target: loc.index,
+                    bufs: (0..layout.len())
+                        .map(|_| AlignedBuf::zeroed(p.len))
+                        .collect(),
+                    layout,
+                    missing,
+                });
+            }
+        }
+        if !degraded.is_empty() {
+            self.stats
+                .degraded_reads
+                .fetch_add(degraded.len() as u64, Ordering::Relaxed);
+        }
+        let ok = {
+            let mut ops: Vec<Op> = Vec::with_capacity(direct.len() + degraded.len() * 8);
+            let mut rest: &mut [u8] = buf;
+            let mut consumed = 0usize;
+            for &(i, m) in &direct {
+                let p = &pieces[i];
+                let tail = std::mem::take(&mut rest);
+                let (_, tail) = tail.split_at_mut(p.at - consumed);
+                let (dst, tail) = tail.split_at_mut(p.len);
+                rest = tail;
+                consumed = p.at + p.len;
+                ops.push(Op::read(m, self.member_offset(p.row, p.s), dst));
+            }
+            for d in degraded.iter_mut() {
+                let p = &pieces[d.piece];
+                for (k, b) in d.bufs.iter_mut().enumerate() {
+                    if !d.missing.contains(&k) {
+                        ops.push(Op::read(d.layout[k], self.member_offset(p.row, p.s), b));
+                    }
+                }
+            }
+            self.run(&mut ops)
+        };
+        if !ok {
+            return Ok(false);
+        }
+        for d in degraded.iter_mut() {
+            let p = &pieces[d.piece];
+            let mut strips: Vec<&mut [u8]> = d.bufs.iter_mut().map(|b| &mut b[..]).collect();
+            recover(&mut strips, &d.missing, self.geo.level.parity());
+            buf[p.at..p.at + p.len].copy_from_slice(&d.bufs[d.target]);
+        }
+        Ok(true)
+    }
+
+    /// Writes whole sectors; the caller holds the rows' locks.
+    fn write_sectors(&self, offset: u64, data: &[u8]) -> Result<()> {
+        for _ in 0..=self.geo.members {
+            if self.try_write(offset, data)? {
+                return Ok(());
+            }
+        }
+        Err(self.offline_group().unwrap_or(ArrayError::Offline {
+            group: 0,
+            lost: self.geo.members,
+            tolerance: self.geo.tolerance_per_group(),
+        }))
+    }
+
+    /// One attempt at a write. Ok(false): a read failed, members were marked faulty, plan again.
+    fn try_write(&self, offset: u64, data: &[u8]) -> Result<bool> {
+        let geo = self.geo;
+        let pieces = self.pieces(offset, data.len());
+        if !geo.level.is_parity() {
+            return self.write_mirrored(&pieces, data);
+        }
+        let mut units: Vec<Unit> = Vec::new();
+        for p in &pieces {
+            let loc = geo.locate(p.row, p.col);
+            let same = units
+                .last()
+                .is_some_and(|u| u.row == p.row && u.group == loc.group);
+            if !same {
+                units.push(Unit {
+                    row: p.row,
+                    group: loc.group,
+                    layout: geo.group_layout(p.row, loc.group),
+                    writes: Vec::new(),
+                    lo: p.s,
+                    hi: p.s + p.len as u64,
+                    plan: Plan::Full,
+                    span: Vec::new(),
+                    old: Vec::new(),
+                    missing: Vec::new(),
+                });
+            }
+            let u = units.last_mut().unwrap();
+            u.writes.push((loc.index, p.s, p.at, p.len));
+            u.lo = u.lo.min(p.s);
+            u.hi = u.hi.max(p.s + p.len as u64);
+        }
+        let k = geo.group_data();
+        let np = geo.level.parity();
+        let strip = geo.strip;
+        for u in units.iter_mut() {
+            let span = (u.hi - u.lo) as usize;
+            u.missing = (0..u.layout.len())
+                .filter(|&i| !self.readable(u.layout[i], u.row))
+                .collect();
+            let missing = &u.missing;
+            let full = u.writes.len() == k
+                && u.writes.iter().all(|w| w.1 == 0 && w.3 as u64 == strip);
+            u.plan = if full {
+                Plan::Full
+            } else if !missing.is_empty() {
+                if missing.len() > np {
+                    return Err(ArrayError::Offline {
+                        group: u.group,
+                        lost: missing.len(),
+                        tolerance: np,
+                    });
+                }
+                Plan::Rebuild
+            } else {
+                let rmw: usize = u.writes.iter().map(|w| w.3).sum::<usize>() + np * span;
+                let covering = u
+                    .writes
+                    .iter()
+                    .filter(|w| w.1 == u.lo && w.3 == span)
+                    .count();
+                let rcw = (k - covering) * span;
+                if rmw <= rcw {
+                    Plan::Rmw
+                } else {
+                    Plan::Rcw
+                }
+            };
+            let n = u.layout.len();
+            u.span = (0..n).map(|_| None).collect();
+            match u.plan {
+                Plan::Full => {
+                    self.stats.full_stripe_writes.fetch_add(1, Ordering::Relaxed);
+                    for i in k..n {
+                        u.span[i] = Some(AlignedBuf::zeroed(span));
+                    }
+                }
+                Plan::Rmw => {
+                    self.stats.rmw_writes.fetch_add(1, Ordering::Relaxed);
+                    for i in k..n {
+                        u.span[i] = Some(AlignedBuf::zeroed(span));
+                    }
+                    u.old = u.writes.iter().map(|w| AlignedBuf::zeroed(w.3)).collect();
+                }
+                Plan::Rcw => {
+                    self.stats.rcw_writes.fetch_add(1, Ordering::Relaxed);
+                    for i in 0..n {
+                        let covered = u
+                            .writes
+                            .iter()
+                            .any(|w| w.0 == i && w.1 == u.lo && w.3 == span);
+                        if !covered {
+                            u.span[i] = Some(AlignedBuf::zeroed(span));
+                        }
+                    }
+                }
+                Plan::Rebuild => {
+                    self.stats.degraded_writes.fetch_add(1, Ordering::Relaxed);
+                    for i in 0..n {
+                        u.span[i] = Some(AlignedBuf::zeroed(span));
+                    }
+                }
+            }
+        }
+
+        // Read phase.
+        let ok = {
+            let mut ops: Vec<Op> = Vec::new();
+            for u in units.iter_mut() {
+                let (row, lo) = (u.row, u.lo);
+                match u.plan {
+                    Plan::Full => {}
+                    Plan::Rmw => {
+                        for (w, old) in u.writes.iter().zip(u.old.iter_mut()) {
+                            let m = u.layout[w.0];
+                            ops.push(Op::read(m, self.member_offset(row, w.1), old));
+                        }
+                        for (b, &m) in u.span[k..].iter_mut().zip(&u.layout[k..]) {
+                            let b = b.as_mut().unwrap();
+                            ops.push(Op::read(m, self.member_offset(row, lo), b));
+                        }
+                    }
+                    Plan::Rcw => {
+                        for (b, &m) in u.span[..k].iter_mut().zip(&u.layout[..k]) {
+                            if let Some(b) = b.as_mut() {
+                                ops.push(Op::read(m, self.member_offset(row, lo), b));
+                            }
+                        }
+                    }
+                    Plan::Rebuild => {
+                        for (i, b) in u.span.iter_mut().enumerate() {
+                            let m = u.layout[i];
+                            if !u.missing.contains(&i) {
+                                ops.push(Op::read(m, self.member_offset(row, lo), b.as_mut().unwrap()));
+                            }
+                        }
+                    }
+                }
+            }
+            self.run(&mut ops)
+        };
+        if !ok {
+            return Ok(false);
+        }
+
+        // Compute phase.
+        for u in units.iter_mut() {
+            let lo = u.lo;
+            let span = (u.hi - u.lo) as usize;
+            match u.plan {
+                Plan::Full => {
+                    let mut srcs: Vec<&[u8]> = vec![&[]; k];
+                    for w in &u.writes {
+                        srcs[w.0] = &data[w.2..w.2 + w.3];
+                    }
+                    gen_parity(&srcs, &mut u.span[k..], np);
+                }
+                Plan::Rmw => {
+                    let (_, par) = u.span.split_at_mut(k);
+                    for (w, old) in u.writes.iter().zip(u.old.iter_mut()) {
+                        // old ^= new gives the delta that P and Q must absorb.
+                        millrace_parity::xor_into(old, &data[w.2..w.2 + w.3]);
+                        let at = (w.1 - lo) as usize;
+                        let p = par[0].as_mut().unwrap();
+                        millrace_parity::xor_into(&mut p[at..at + w.3], old);
+                        if np == 2 {
+                            let q = par[1].as_mut().unwrap();
+                            millrace_parity::mul_xor_into(
+                                millrace_parity::gf::exp(w.0),
+                                old,
+                                &mut q[at..at + w.3],
+                            );
+                        }
+                    }
+                }
+                Plan::Rcw | Plan::Rebuild => {
+                    if matches!(u.plan, Plan::Rebuild) {
+                        let mut strips: Vec<&mut [u8]> =
+                            u.span.iter_mut().map(|b| &mut b.as_mut().unwrap()[..]).collect();
+                        recover(&mut strips, &u.missing, np);
+                    }
+                    for w in &u.writes {
+                        if let Some(b) = u.span[w.0].as_mut() {
+                            let at = (w.1 - lo) as usize;
+                            b[at..at + w.3].copy_from_slice(&data[w.2..w.2 + w.3]);
+                        }
+                    }
+                    let (dpart, ppart) = u.span.split_at_mut(k);
+                    let mut srcs: Vec<&[u8]> = Vec::with_capacity(k);
+                    for (i, b) in dpart.iter().enumerate() {
+                        match b {
+                            Some(b) => srcs.push(&b[..]),
+                            None => {
+                                let w = u.writes.iter().find(|w| w.0 == i).unwrap();
+                                srcs.push(&data[w.2..w.2 + span]);
+                            }
+                        }
+                    }
+                    gen_parity(&srcs, ppart, np);
+                }
+            }
+        }
+
+        // Write phase.
+        {
+            let mut ops: Vec<Op> = Vec::new();
+            for u in units.iter() {
+                let (row, lo) = (u.row, u.lo);
+                for w in &u.writes {
+                    let m = u.layout[w.0];
+                    if self.writable(m) {
+                        ops.push(Op::write(m, self.member_offset(row, w.1), &data[w.2..w.2 + w.3]));
+                    }
+                }
+                for (i, &m) in u.layout.iter().enumerate() {
+                    if !self.writable(m) {
+                        continue;
+                    }
+                    if i >= k {
+                        ops.push(Op::write(m, self.member_offset(row, lo), u.span[i].as_ref().unwrap()));
+                    } else if matches!(u.plan, Plan::Rebuild) && u.missing.contains(&i) {
+                        // A member being rebuilt gets the whole span it now has a value for.
+                        ops.push(Op::write(m, self.member_offset(row, lo), u.span[i].as_ref().unwrap()));
+                    }
+                }
+            }
+            self.run(&mut ops);
+        }
+        match self.offline_group() {
+            Some(e) => Err(e),
+            None => Ok(true),
+        }
+    }
+
+    fn write_mirrored(&self, pieces: &[Piece], data: &[u8]) -> Result<bool> {
+        let geo = &self.geo;
+        let mut ops: Vec<Op> = Vec::new();
+        for p in pieces {
+            let loc = geo.locate(p.row, p.col);
+            let mut any = false;
+            for m in geo.group_members(loc.group) {
+                if self.writable(m) {
+                    any = true;
+                    ops.push(Op::write(m, self.member_offset(p.row, p.s), &data[p.at..p.at + p.len]));
+                }
+            }
+            if !any {
+                return Err(ArrayError::Offline {
+                    group: loc.group,
+                    lost: geo.group,
+                    tolerance: geo.tolerance_per_group(),
+                });
+            }
+        }
+        self.stats
+            .full_stripe_writes
+            .fetch_add(pieces.len() as u64, Ordering::Relaxed);
+        self.run(&mut ops);
+        match self.offline_group() {
+            Some(e) => Err(e),
+            None => Ok(true),
+        }
+    }
+
+    /// Reads one member's strip of a row, for tools that check the layout (scrub, tests).
+    pub fn read_member_strip(&self, member: usize, row: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.drives[member].read_at(buf, self.member_offset(row, 0))
+    }
+}
+
+fn gen_parity(srcs: &[&[u8]], par: &mut [Option<AlignedBuf>], np: usize) {
+    let (p, q) = par.split_at_mut(1);
+    let p = p[0].as_mut().unwrap();
+    if np == 2 {
+        millrace_parity::gen_pq(srcs, p, q[0].as_mut().unwrap());
+    } else {
+        millrace_parity::gen_p(srcs, p);
+    }
+}
+
+/// Rebuilds the missing strips (layout positions) of one group's span in place.
+fn recover(strips: &mut [&mut [u8]], missing: &[usize], np: usize) {
+    if missing.is_empty() {
+        return;
+    }
+    if np == 1 {
+        millrace_parity::raid5_recover(strips, missing[0]);
+    } else {
+        millrace_parity::raid6_recover(strips, missing)
+            .expect("planning never asks for more than two missing strips");
+    }
+}
+
+impl millrace_block::BlockDevice for Array {
+    fn size_bytes(&self) -> u64 {
+        Array::size_bytes(self)
+    }
+    fn preferred_io_bytes(&self) -> u64 {
+        self.geo.full_stripe_bytes()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        Array::read_at(self, offset, buf).map_err(Into::into)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        Array::write_at(self, offset, data).map_err(Into::into)
+    }
+    fn flush(&self) -> io::Result<()> {
+        Array::flush(self).map_err(Into::into)
+    }
+}
+
+impl Array {
+    /// Recomputes the redundancy of one row from its data: parity for parity levels, the first
+    /// readable copy onto the others for mirrors. Initialisation and resync use it.
+    pub fn resync_row(&self, row: u64) -> Result<()> {
+        let geo = self.geo;
+        let fs = geo.full_stripe_bytes();
+        let _g = self.lock_rows(row * fs, fs);
+        let strip = geo.strip as usize;
+        let off = self.member_offset(row, 0);
+        for group in 0..geo.groups() {
+            let layout = geo.group_layout(row, group);
+            let k = geo.group_data();
+            let mut bufs: Vec<AlignedBuf> = layout.iter().map(|_| AlignedBuf::zeroed(strip)).collect();
+            if geo.level.is_parity() {
+                let ok = {
+                    let mut ops: Vec<Op> = bufs[..k]
+                        .iter_mut()
+                        .zip(&layout)
+                        .filter(|(_, &m)| self.readable(m, row))
+                        .map(|(b, &m)| Op::read(m, off, b))
+                        .collect();
+                    if ops.len() < k {
+                        // Data strips are missing: their content lives only in parity; keep it.
+                        continue;
+                    }
+                    self.run(&mut ops)
+                };
+                if !ok {
+                    continue;
+                }
+                let (d, p) = bufs.split_at_mut(k);
+                let srcs: Vec<&[u8]> = d.iter().map(|b| &b[..]).collect();
+                let mut par: Vec<Option<AlignedBuf>> = p.iter_mut().map(|b| Some(std::mem::replace(b, AlignedBuf::zeroed(0)))).collect();
+                gen_parity(&srcs, &mut par, geo.level.parity());
+                let mut ops: Vec<Op> = par
+                    .iter()
+                    .zip(&layout[k..])
+                    .filter(|(_, &m)| self.writable(m))
+                    .map(|(b, &m)| Op::write(m, off, b.as_ref().unwrap()))
+                    .collect();
+                self.run(&mut ops);
+            } else {
+                let members: Vec<usize> = geo.group_members(group).collect();
+                let Some(&src) = members.iter().find(|&&m| self.readable(m, row)) else {
+                    continue;
+                };
+                if !self.run(&mut [Op::read(src, off, &mut bufs[0])]) {
+                    continue;
+                }
+                let mut ops: Vec<Op> = members
+                    .iter()
+                    .filter(|&&m| m != src && self.writable(m))
+                    .map(|&m| Op::write(m, off, &bufs[0]))
+                    .collect();
+                self.run(&mut ops);
+            }
+        }
+        match self.offline_group() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! Millrace's array layer: members, geometry, parity, superblocks and pools. It knows nothing
+//! about networks; exports reach it through `millrace_block::BlockDevice`.
+
+pub mod aligned;
+pub mod drive;
+pub mod engine;
+pub mod geometry;
+pub mod io;
+pub mod superblock;
+
+pub use engine::{Array, ArrayError};
+pub use geometry::{Geometry, Level};
+pub mod pool;
+
+pub use pool::{Cache, CreateOptions, Pool, PoolError, PoolInfo};

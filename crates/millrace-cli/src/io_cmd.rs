@@ -1,0 +1,100 @@
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::Subcommand;
+use millrace_array::Cache;
+
+use crate::format::parse_bytes;
+
+#[derive(Subcommand)]
+pub enum IoCmd {
+    /// Write standard input (or --input) into a pool at a byte offset.
+    Write {
+        pool: String,
+        #[arg(long, value_parser = parse_bytes)]
+        offset: u64,
+        /// Read from this file instead of standard input.
+        #[arg(long)]
+        input: Option<PathBuf>,
+    },
+    /// Read bytes from a pool to standard output (or --output).
+    Read {
+        pool: String,
+        #[arg(long, value_parser = parse_bytes)]
+        offset: u64,
+        #[arg(long, value_parser = parse_bytes)]
+        length: u64,
+        #[arg(long)]
+        output: Option<PathBuf>,
+    },
+}
+
+/// Streams in chunks of whole full stripes, so aligned input is written without read-modify-write.
+fn chunk_bytes(full_stripe: u64) -> usize {
+    (full_stripe * (8u64 << 20).div_ceil(full_stripe).max(1)) as usize
+}
+
+pub fn run(home: &Path, cmd: IoCmd) -> Result<()> {
+    match cmd {
+        IoCmd::Write { pool, offset, input } => {
+            let p = Cache::load(home)?.open(&pool)?;
+            let size = p.array().size_bytes();
+            if offset > size {
+                bail!("offset {offset} lies past the end of pool '{pool}' ({size} bytes)");
+            }
+            let mut src: Box<dyn Read> = match &input {
+                Some(f) => Box::new(std::fs::File::open(f).with_context(|| format!("cannot open {}", f.display()))?),
+                None => Box::new(std::io::stdin().lock()),
+            };
+            let mut buf = vec![0u8; chunk_bytes(p.array().geometry().full_stripe_bytes())];
+            let mut pos = offset;
+            loop {
+                let mut n = 0;
+                while n < buf.len() {
+                    let r = src.read(&mut buf[n..]).context("cannot read the input")?;
+                    if r == 0 {
+                        break;
+                    }
+                    n += r;
+                }
+                if n == 0 {
+                    break;
+                }
+                if pos + n as u64 > size {
+                    p.close()?;
+                    bail!("the input runs past the end of pool '{pool}' ({size} bytes); {} bytes were written, from {offset}", pos - offset);
+                }
+                p.write_at(pos, &buf[..n])?;
+                pos += n as u64;
+                if n < buf.len() {
+                    break;
+                }
+            }
+            p.close()?;
+            eprintln!("wrote {} bytes at offset {offset}", pos - offset);
+            Ok(())
+        }
+        IoCmd::Read { pool, offset, length, output } => {
+            let p = Cache::load(home)?.open(&pool)?;
+            let size = p.array().size_bytes();
+            if offset.checked_add(length).is_none_or(|e| e > size) {
+                bail!("the range {offset}+{length} lies past the end of pool '{pool}' ({size} bytes)");
+            }
+            let mut dst: Box<dyn Write> = match &output {
+                Some(f) => Box::new(std::fs::File::create(f).with_context(|| format!("cannot create {}", f.display()))?),
+                None => Box::new(std::io::stdout().lock()),
+            };
+            let mut buf = vec![0u8; chunk_bytes(p.array().geometry().full_stripe_bytes())];
+            let mut done = 0u64;
+            while done < length {
+                let n = (length - done).min(buf.len() as u64) as usize;
+                p.read_at(offset + done, &mut buf[..n])?;
+                dst.write_all(&buf[..n]).context("cannot write the output")?;
+                done += n as u64;
+            }
+            dst.flush()?;
+            Ok(())
+        }
+    }
+}

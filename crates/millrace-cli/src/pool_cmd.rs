@@ -1,0 +1,249 @@
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::Subcommand;
+use millrace_array::{Cache, CreateOptions, Level, Pool, PoolInfo};
+
+use crate::format::{human, parse_bytes, table};
+
+#[derive(Subcommand)]
+pub enum PoolCmd {
+    /// Create a pool from drives (block devices or files).
+    #[command(after_help = "Example:\n  millrace pool create tank --level raid6 --strip 64k --create 2G ./drives/d{0..7}.img")]
+    Create {
+        /// The pool's name.
+        name: String,
+        /// raid0, raid1, raid10, raid5, raid6, raid50 or raid60.
+        #[arg(long)]
+        level: Level,
+        /// Bytes per drive per stripe: a power of two from 4k to 1M.
+        #[arg(long, default_value = "64k", value_parser = parse_bytes)]
+        strip: u64,
+        /// Drives per group for raid10 (mirror copies, default 2), raid50 and raid60 (parity group).
+        #[arg(long)]
+        group: Option<usize>,
+        /// Create missing drive files of this size (sparse), e.g. 2G.
+        #[arg(long, value_parser = parse_bytes)]
+        create: Option<u64>,
+        /// Overwrite drives that hold other data or belong to another pool.
+        #[arg(long)]
+        force: bool,
+        /// Metadata area at each drive's start (default: 1/64 of the drive, 1M to 64M).
+        #[arg(long, value_parser = parse_bytes)]
+        data_offset: Option<u64>,
+        #[arg(long)]
+        json: bool,
+        /// The drives, in layout order.
+        #[arg(required = true)]
+        drives: Vec<PathBuf>,
+    },
+    /// Show a pool: size, level, geometry, state and each member.
+    Show {
+        name: String,
+        /// Print JSON for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List known pools.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Find and assemble the pools on these drives (after a restart or a move).
+    Import {
+        #[arg(required = true)]
+        drives: Vec<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Erase a pool's superblocks; its data is gone for good.
+    Destroy {
+        name: String,
+        /// Confirm that the pool's data may be lost.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+pub fn run(home: &Path, cmd: PoolCmd) -> Result<()> {
+    match cmd {
+        PoolCmd::Create {
+            name,
+            level,
+            strip,
+            group,
+            create,
+            force,
+            data_offset,
+            json,
+            drives,
+        } => {
+            let mut cache = Cache::load(home)?;
+            if cache.pools.contains_key(&name) {
+                if cache.open(&name).is_ok() {
+                    bail!("a pool named '{name}' already exists; pick another name, or destroy it first with `millrace pool destroy {name} --yes`");
+                }
+                cache.pools.remove(&name);
+            }
+            let opts = CreateOptions {
+                name,
+                level,
+                strip,
+                group,
+                data_offset,
+                create_size: create,
+                force,
+            };
+            let pool = Pool::create(&opts, &drives)?;
+            for n in &pool.notes {
+                eprintln!("note: {n}");
+            }
+            if !pool.superblock().clean {
+                let bar = progress_bar("initialising parity");
+                pool.resync(|done, total| {
+                    bar.set_length(total);
+                    bar.set_position(done);
+                })?;
+                bar.finish_and_clear();
+            }
+            pool.close()?;
+            cache.remember(&pool);
+            cache.save(home)?;
+            print_pool(&pool.info(), json)
+        }
+        PoolCmd::Show { name, json } => {
+            let pool = Cache::load(home)?.open(&name)?;
+            for n in &pool.notes {
+                eprintln!("note: {n}");
+            }
+            print_pool(&pool.info(), json)
+        }
+        PoolCmd::List { json } => list(home, json),
+        PoolCmd::Import { drives, json } => {
+            let (pools, notes) = Pool::import(&drives)?;
+            for n in &notes {
+                eprintln!("note: {n}");
+            }
+            if pools.is_empty() {
+                bail!("no Millrace pool was found on the {} drives given", drives.len());
+            }
+            let mut cache = Cache::load(home)?;
+            let mut infos = Vec::new();
+            for p in &pools {
+                for n in &p.notes {
+                    eprintln!("note: {n}");
+                }
+                cache.remember(p);
+                infos.push(p.info());
+            }
+            cache.save(home)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&infos)?);
+            } else {
+                for i in &infos {
+                    println!("imported pool '{}' ({}, {}, {})", i.name, i.level, human(i.size_bytes), i.state);
+                }
+            }
+            Ok(())
+        }
+        PoolCmd::Destroy { name, yes } => {
+            if !yes {
+                bail!("destroying pool '{name}' erases it for good; run again with --yes to confirm");
+            }
+            let mut cache = Cache::load(home)?;
+            let pool = cache.open(&name)?;
+            pool.destroy()?;
+            cache.pools.remove(&name);
+            cache.save(home)?;
+            println!("pool '{name}' destroyed");
+            Ok(())
+        }
+    }
+}
+
+pub fn progress_bar(what: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "{what} {{bar:40}} {{percent:>3}}% eta {{eta}}"
+        ))
+        .unwrap(),
+    );
+    bar
+}
+
+fn print_pool(i: &PoolInfo, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(i)?);
+        return Ok(());
+    }
+    println!("pool {}  ({})", i.name, i.uuid);
+    let mut t = table(&["size", "level", "drives", "group size", "strip", "full stripe", "state"]);
+    t.add_row(vec![
+        human(i.size_bytes),
+        i.level.to_string(),
+        i.members.len().to_string(),
+        i.group_size.to_string(),
+        human(i.strip_bytes),
+        human(i.full_stripe_bytes),
+        format!("{}{}", i.state, if i.clean { "" } else { " (in use or not shut down cleanly)" }),
+    ]);
+    println!("{t}");
+    let mut m = table(&["#", "group", "drive", "state", "data offset"]);
+    for mem in &i.members {
+        m.add_row(vec![
+            mem.index.to_string(),
+            mem.group.to_string(),
+            mem.path.clone().unwrap_or_else(|| "(missing)".into()),
+            format!("{:?}", mem.state).to_lowercase(),
+            human(mem.data_offset_bytes),
+        ]);
+    }
+    println!("{m}");
+    Ok(())
+}
+
+fn list(home: &Path, json: bool) -> Result<()> {
+    let cache = Cache::load(home)?;
+    let mut infos = Vec::new();
+    for name in cache.pools.keys() {
+        match cache.open(name) {
+            Ok(p) => infos.push(Ok(p.info())),
+            Err(e) => infos.push(Err((name.clone(), e.to_string()))),
+        }
+    }
+    if json {
+        let v: Vec<serde_json::Value> = infos
+            .iter()
+            .map(|r| match r {
+                Ok(i) => serde_json::to_value(i).unwrap(),
+                Err((n, e)) => serde_json::json!({"name": n, "state": "unavailable", "error": e}),
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    if infos.is_empty() {
+        println!("no pools known in {} (create one with `millrace pool create`)", home.display());
+        return Ok(());
+    }
+    let mut t = table(&["name", "level", "drives", "size", "state"]);
+    for r in &infos {
+        match r {
+            Ok(i) => t.add_row(vec![
+                i.name.clone(),
+                i.level.to_string(),
+                i.members.len().to_string(),
+                human(i.size_bytes),
+                i.state.clone(),
+            ]),
+            Err((n, e)) => t.add_row(vec![n.clone(), "-".into(), "-".into(), "-".into(), format!("unavailable: {e}")]),
+        };
+    }
+    println!("{t}");
+    Ok(())
+}
+
+pub fn status(home: &Path, json: bool) -> Result<()> {
+    list(home, json).context("cannot read the pools' status")
+}

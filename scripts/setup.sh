@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what Millrace's build, demo and tests need, skipping what is already there.
+# Debian packages (as root, or with sudo), the Rust components, and the Python test tools.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PKGS=(
+  libisal2        # ISA-L: the reference the parity kernels are checked and benchmarked against
+  fio             # the raw-drive peer in benchmarks, and fio --ioengine=nbd in tests
+  libnbd-bin      # nbdinfo / nbdcopy: real NBD clients
+  nbdkit          # the NBD peer in benchmarks
+  nbd-client      # the kernel NBD client (guest tests)
+  nvme-cli        # the NVMe/TCP client (guest tests)
+  xfsprogs        # mkfs.xfs (guest tests)
+  mdadm           # Linux md, to prove our RAID5/6 layout is md's (guest tests)
+  qemu-system-x86 linux-image-amd64 busybox-static cpio   # the guest runner
+)
+missing=()
+for p in "${APT_PKGS[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""; [[ $(id -u) -eq 0 ]] || SUDO=sudo
+  echo "setup: installing ${missing[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null; then
+  echo "setup: Rust is missing: install it with rustup (https://rustup.rs), then run this again" >&2
+  exit 1
+fi
+rustup component add clippy rustfmt >/dev/null 2>&1 || true

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Every test Millrace has: style, lints, the Rust suites, the Python client, and the real Linux
+# clients in a guest kernel. Installs what it needs first. Ends with "N passed, M failed".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh || exit 1
+
+passed=0 failed=0 failures=()
+step() {
+  local name=$1; shift
+  echo "=== $name"
+  local t0=$SECONDS
+  if "$@"; then
+    passed=$((passed + 1)); echo "--- ok: $name ($((SECONDS - t0)) s)"
+  else
+    failed=$((failed + 1)); failures+=("$name"); echo "--- FAILED: $name ($((SECONDS - t0)) s)"
+  fi
+}
+
+step "cargo fmt" cargo fmt --all --check
+step "cargo clippy" cargo clippy --workspace --all-targets -q -- -D warnings
+step "cargo test" cargo test --workspace -q
+if [[ -f python/pyproject.toml ]]; then
+  step "python client" bash python/tests/run.sh
+fi
+for g in tests/guest/*.sh; do
+  [[ -e $g ]] || continue
+  step "guest: $(basename "$g" .sh)" tests/guest/run-in-guest --timeout 1200 "$g"
+done
+
+echo
+((failed)) && printf 'failed: %s\n' "${failures[@]}"
+echo "$passed passed, $failed failed"
+((failed == 0))
