@@ -23,9 +23,12 @@ step "cargo test" cargo test --workspace -q
 if [[ -f python/pyproject.toml ]]; then
   step "python client" bash python/tests/run.sh
 fi
+# The guest runs the binaries built here; each script gets their folder as its first argument.
+step "build binaries for the guest" cargo build --workspace --bins --examples -q
+bins=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug
 for g in tests/guest/*.sh; do
   [[ -e $g ]] || continue
-  step "guest: $(basename "$g" .sh)" tests/guest/run-in-guest --timeout 1200 "$g"
+  step "guest: $(basename "$g" .sh)" tests/guest/run-in-guest --timeout 1200 "$g" "$bins"
 done
 
 echo
