@@ -11,6 +11,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use parking_lot::{Mutex, MutexGuard, RwLock};
 
 use crate::aligned::{is_aligned, AlignedBuf};
@@ -86,7 +87,10 @@ const LOCK_SHARDS: usize = 1024;
 pub struct Array {
     geo: Geometry,
     data_offset: u64,
-    drives: Vec<Arc<dyn Drive>>,
+    /// Swapped whole when a spare or replacement takes a slot; I/O works on a snapshot.
+    drives: ArcSwap<Vec<Arc<dyn Drive>>>,
+    /// Any member needs aligned buffers (O_DIRECT).
+    direct: std::sync::atomic::AtomicBool,
     states: Vec<AtomicU8>,
     /// Rows below this are valid on a member being rebuilt (per member).
     rebuilt_rows: Vec<AtomicU64>,
@@ -161,10 +165,12 @@ impl Array {
     ) -> Array {
         assert_eq!(drives.len(), geo.members);
         assert_eq!(states.len(), geo.members);
+        let direct = drives.iter().any(|d| d.direct());
         Array {
             geo,
             data_offset,
-            drives,
+            drives: ArcSwap::from_pointee(drives),
+            direct: direct.into(),
             states: states.iter().map(|s| AtomicU8::new(state_code(*s))).collect(),
             rebuilt_rows: (0..geo.members).map(|_| AtomicU64::new(0)).collect(),
             locks: (0..LOCK_SHARDS).map(|_| Mutex::new(())).collect(),
@@ -185,8 +191,39 @@ impl Array {
         self.geo.size_bytes()
     }
 
-    pub fn drives(&self) -> &[Arc<dyn Drive>] {
-        &self.drives
+    /// A snapshot of the member drives in layout order.
+    pub fn drives(&self) -> Arc<Vec<Arc<dyn Drive>>> {
+        self.drives.load_full()
+    }
+
+    /// Puts a new drive in slot `m` (a spare or a replacement) in state Rebuilding, with nothing
+    /// rebuilt yet: reads of the slot come from redundancy until rebuild has passed them.
+    pub fn install_member(&self, m: usize, drive: Arc<dyn Drive>, rebuilt_rows: u64) {
+        if drive.direct() {
+            self.direct.store(true, Ordering::Release);
+        }
+        let mut v: Vec<Arc<dyn Drive>> = self.drives.load().as_ref().clone();
+        v[m] = drive;
+        self.rebuilt_rows[m].store(rebuilt_rows, Ordering::Release);
+        self.states[m].store(state_code(MemberState::Rebuilding), Ordering::Release);
+        self.drives.store(Arc::new(v));
+    }
+
+    /// Rows below `rows` hold valid data on rebuilding member `m` (a resumed rebuild).
+    pub fn set_rebuilt_rows(&self, m: usize, rows: u64) {
+        self.rebuilt_rows[m].store(rows, Ordering::Release);
+    }
+
+    /// The lowest checkpoint among members being rebuilt, if any.
+    pub fn rebuild_progress(&self) -> Option<u64> {
+        (0..self.geo.members)
+            .filter(|&m| self.member_state(m) == MemberState::Rebuilding)
+            .map(|m| self.rebuilt_rows[m].load(Ordering::Acquire))
+            .min()
+    }
+
+    pub fn set_member_state(&self, m: usize, s: MemberState) {
+        self.states[m].store(state_code(s), Ordering::Release);
     }
 
     pub fn member_state(&self, m: usize) -> MemberState {
@@ -221,7 +258,7 @@ impl Array {
         }
         tracing::error!(
             "member {m} ({}) marked faulty: {why}",
-            self.drives[m].describe()
+            self.drives.load()[m].describe()
         );
         if let Some(h) = self.on_failure.read().as_ref() {
             h(m, why);
@@ -330,7 +367,7 @@ impl Array {
     fn needs_bounce(&self, offset: u64, buf: &[u8]) -> bool {
         offset % SECTOR != 0
             || buf.len() as u64 % SECTOR != 0
-            || (!is_aligned(buf) && self.drives.iter().any(|d| d.direct()))
+            || (!is_aligned(buf) && self.direct.load(Ordering::Relaxed))
     }
 
     /// Reads `buf.len()` bytes at any offset.
@@ -389,11 +426,12 @@ impl Array {
     /// Makes every completed write durable on every member in service.
     pub fn flush(&self) -> Result<()> {
         let live: Vec<usize> = (0..self.geo.members).filter(|&m| self.writable(m)).collect();
+        let drives = self.drives.load_full();
         let results: Vec<(usize, io::Result<()>)> = std::thread::scope(|s| {
             let hs: Vec<_> = live
                 .iter()
                 .map(|&m| {
-                    let d = &self.drives[m];
+                    let d = &drives[m];
                     s.spawn(move || (m, d.flush()))
                 })
                 .collect();
@@ -413,7 +451,7 @@ impl Array {
 
     /// Runs a batch; marks the members whose I/O failed as faulty. Returns whether all succeeded.
     fn run(&self, ops: &mut [Op]) -> bool {
-        let results = execute(&self.drives, ops);
+        let results = execute(&self.drives.load(), ops);
         let mut ok = true;
         for (op, r) in ops.iter().zip(results) {
             if let Err(e) = r {
@@ -821,7 +859,7 @@ impl Array {
 
     /// Reads one member's strip of a row, for tools that check the layout (scrub, tests).
     pub fn read_member_strip(&self, member: usize, row: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.drives[member].read_at(buf, self.member_offset(row, 0))
+        self.drives.load()[member].read_at(buf, self.member_offset(row, 0))
     }
 }
 
@@ -927,5 +965,216 @@ impl Array {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+/// What scrubbing one or more rows found.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ScrubReport {
+    pub rows_checked: u64,
+    /// Groups whose redundancy disagreed with their data.
+    pub mismatches: u64,
+    /// RAID6 only: mismatches traced to one data strip by the P and Q syndromes.
+    pub located: u64,
+    pub repaired: u64,
+    /// Groups not checked because a member was out of service.
+    pub skipped_degraded: u64,
+}
+
+impl ScrubReport {
+    pub fn add(&mut self, o: &ScrubReport) {
+        self.rows_checked += o.rows_checked;
+        self.mismatches += o.mismatches;
+        self.located += o.located;
+        self.repaired += o.repaired;
+        self.skipped_degraded += o.skipped_degraded;
+    }
+}
+
+impl Array {
+    /// Rebuilds row `row` onto the members in state Rebuilding that have not passed it yet,
+    /// from the rest of their groups, and moves their checkpoint past it.
+    pub fn rebuild_row(&self, row: u64) -> Result<()> {
+        let geo = self.geo;
+        let targets: Vec<usize> = (0..geo.members)
+            .filter(|&m| {
+                self.member_state(m) == MemberState::Rebuilding
+                    && self.rebuilt_rows[m].load(Ordering::Acquire) <= row
+            })
+            .collect();
+        if targets.is_empty() {
+            return Ok(());
+        }
+        let fs = geo.full_stripe_bytes();
+        let _g = self.lock_rows(row * fs, fs);
+        let strip = geo.strip as usize;
+        let off = self.member_offset(row, 0);
+        for group in 0..geo.groups() {
+            let members: Vec<usize> = geo.group_members(group).collect();
+            let tgt: Vec<usize> = targets.iter().copied().filter(|m| members.contains(m)).collect();
+            if tgt.is_empty() {
+                continue;
+            }
+            if geo.level.is_parity() {
+                let layout = geo.group_layout(row, group);
+                let missing: Vec<usize> = (0..layout.len())
+                    .filter(|&i| !self.readable(layout[i], row))
+                    .collect();
+                if missing.len() > geo.level.parity() {
+                    return Err(ArrayError::Offline {
+                        group,
+                        lost: missing.len(),
+                        tolerance: geo.level.parity(),
+                    });
+                }
+                let mut bufs: Vec<AlignedBuf> = layout.iter().map(|_| AlignedBuf::zeroed(strip)).collect();
+                let ok = {
+                    let mut ops: Vec<Op> = bufs
+                        .iter_mut()
+                        .enumerate()
+                        .filter(|(i, _)| !missing.contains(i))
+                        .map(|(i, b)| Op::read(layout[i], off, b))
+                        .collect();
+                    self.run(&mut ops)
+                };
+                if !ok {
+                    return self.rebuild_row(row);
+                }
+                {
+                    let mut strips: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+                    recover(&mut strips, &missing, geo.level.parity());
+                }
+                let mut ops: Vec<Op> = layout
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, m)| tgt.contains(m))
+                    .map(|(i, &m)| Op::write(m, off, &bufs[i]))
+                    .collect();
+                self.run(&mut ops);
+            } else {
+                let Some(&src) = members.iter().find(|&&m| self.readable(m, row)) else {
+                    return Err(ArrayError::Offline {
+                        group,
+                        lost: members.len(),
+                        tolerance: geo.tolerance_per_group(),
+                    });
+                };
+                let mut buf = AlignedBuf::zeroed(strip);
+                if !self.run(&mut [Op::read(src, off, &mut buf)]) {
+                    return self.rebuild_row(row);
+                }
+                let mut ops: Vec<Op> = tgt.iter().map(|&m| Op::write(m, off, &buf)).collect();
+                self.run(&mut ops);
+            }
+        }
+        for &m in &targets {
+            if self.member_state(m) == MemberState::Rebuilding {
+                self.rebuilt_rows[m].store(row + 1, Ordering::Release);
+            }
+        }
+        match self.offline_group() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Checks one row's redundancy against its data; with `repair`, makes it right. On RAID6 a
+    /// single silently corrupted strip is located from the P and Q syndromes and rewritten.
+    pub fn scrub_row(&self, row: u64, repair: bool) -> Result<ScrubReport> {
+        let geo = self.geo;
+        let fs = geo.full_stripe_bytes();
+        let _g = self.lock_rows(row * fs, fs);
+        let strip = geo.strip as usize;
+        let off = self.member_offset(row, 0);
+        let mut rep = ScrubReport {
+            rows_checked: 1,
+            ..Default::default()
+        };
+        for group in 0..geo.groups() {
+            let layout = geo.group_layout(row, group);
+            let members: Vec<usize> = if geo.level.is_parity() {
+                layout.clone()
+            } else {
+                geo.group_members(group).collect()
+            };
+            if members.iter().any(|&m| !self.readable(m, row)) {
+                rep.skipped_degraded += 1;
+                continue;
+            }
+            let mut bufs: Vec<AlignedBuf> = members.iter().map(|_| AlignedBuf::zeroed(strip)).collect();
+            let ok = {
+                let mut ops: Vec<Op> = bufs
+                    .iter_mut()
+                    .zip(&members)
+                    .map(|(b, &m)| Op::read(m, off, b))
+                    .collect();
+                self.run(&mut ops)
+            };
+            if !ok {
+                rep.skipped_degraded += 1;
+                continue;
+            }
+            // Which strips (positions in `members`) to rewrite, with what.
+            let mut fix: Vec<usize> = Vec::new();
+            match geo.level.parity() {
+                0 => {
+                    let bad: Vec<usize> = (1..bufs.len()).filter(|&i| bufs[i][..] != bufs[0][..]).collect();
+                    if !bad.is_empty() {
+                        rep.mismatches += 1;
+                        // With three or more copies the majority is right; with two, the first.
+                        let best = (0..bufs.len())
+                            .max_by_key(|&i| bufs.iter().filter(|b| b[..] == bufs[i][..]).count())
+                            .unwrap_or(0);
+                        let good = bufs[best].to_vec();
+                        for (i, b) in bufs.iter_mut().enumerate() {
+                            if b[..] != good[..] {
+                                b.copy_from_slice(&good);
+                                fix.push(i);
+                            }
+                        }
+                    }
+                }
+                1 => {
+                    let strips: Vec<&[u8]> = bufs.iter().map(|b| &b[..]).collect();
+                    if !millrace_parity::raid5_check(&strips) {
+                        rep.mismatches += 1;
+                        let k = bufs.len() - 1;
+                        let mut st: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+                        millrace_parity::raid5_recover(&mut st, k);
+                        fix.push(k);
+                    }
+                }
+                _ => {
+                    let k = bufs.len() - 2;
+                    let strips: Vec<&[u8]> = bufs.iter().map(|b| &b[..]).collect();
+                    let verdict = millrace_parity::raid6_check(&strips);
+                    let redo: Vec<usize> = match verdict {
+                        millrace_parity::Raid6Check::Clean => vec![],
+                        millrace_parity::Raid6Check::POnly => vec![k],
+                        millrace_parity::Raid6Check::QOnly => vec![k + 1],
+                        millrace_parity::Raid6Check::Data { index } => {
+                            rep.located += 1;
+                            vec![index]
+                        }
+                        // Not one strip: as md does, trust the data and recompute P and Q.
+                        millrace_parity::Raid6Check::Unlocatable => vec![k, k + 1],
+                    };
+                    if !redo.is_empty() {
+                        rep.mismatches += 1;
+                        let mut st: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+                        millrace_parity::raid6_recover(&mut st, &redo)
+                            .expect("at most two strips are rebuilt");
+                        fix = redo;
+                    }
+                }
+            }
+            if repair && !fix.is_empty() {
+                let mut ops: Vec<Op> = fix.iter().map(|&i| Op::write(members[i], off, &bufs[i])).collect();
+                if self.run(&mut ops) {
+                    rep.repaired += 1;
+                }
+            }
+        }
+        Ok(rep)
     }
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
@@ -76,6 +76,17 @@ pub struct PoolInfo {
     pub data_offset_bytes: u64,
     pub member_data_bytes: u64,
     pub members: Vec<MemberInfo>,
+    /// Hot spares waiting for a member to fail.
+    pub spares: Vec<String>,
+    /// Progress of a rebuild, when one is under way or interrupted.
+    pub rebuild: Option<RebuildInfo>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RebuildInfo {
+    pub rows_done: u64,
+    pub rows_total: u64,
+    pub percent: f64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -91,23 +102,40 @@ pub struct MemberInfo {
 /// The pool-wide metadata, shared with the engine's failure hook.
 struct Meta {
     sb: Mutex<Superblock>,
-    drives: Vec<Arc<dyn Drive>>,
+    array: OnceLock<Weak<Array>>,
+    /// Hot spares, in the order of their superblock table entries (after the members).
+    spares: Mutex<Vec<(Arc<dyn Drive>, PathBuf)>>,
+    /// Member paths in layout order (None where a member was never found).
+    paths: Mutex<Vec<Option<PathBuf>>>,
 }
 
 impl Meta {
-    /// Writes the current description, one event newer, to every member still in service.
+    fn array(&self) -> Option<Arc<Array>> {
+        self.array.get().and_then(|w| w.upgrade())
+    }
+
+    /// Writes the current description, one event newer, to every member still in service and
+    /// to every spare. The caller holds the `sb` lock.
     fn commit(&self, sb: &mut Superblock) -> io::Result<()> {
         sb.events += 1;
         let at = sb.slot() * SLOT_BYTES as u64;
+        let drives = self.array().map(|a| a.drives()).unwrap_or_default();
+        let spares = self.spares.lock().clone();
         let mut written = 0;
         let mut last_err = None;
-        for (i, d) in self.drives.iter().enumerate() {
+        for i in 0..sb.table.len() {
             if !matches!(
                 sb.table[i].1,
                 MemberState::Online | MemberState::Rebuilding | MemberState::Spare
             ) {
                 continue;
             }
+            let d = if i < sb.members {
+                drives.get(i).cloned()
+            } else {
+                spares.get(i - sb.members).map(|s| s.0.clone())
+            };
+            let Some(d) = d else { continue };
             let mut me = sb.clone();
             me.member_index = i;
             me.member_uuid = sb.table[i].0;
@@ -122,12 +150,37 @@ impl Meta {
             _ => Ok(()),
         }
     }
+
+    /// A member failed: record it, and put the first hot spare in its place to be rebuilt.
+    fn member_failed(&self, member: usize, why: &io::Error) {
+        let mut sb = self.sb.lock();
+        sb.table[member].1 = MemberState::Faulty;
+        if let Some(array) = self.array() {
+            let mut spares = self.spares.lock();
+            if !spares.is_empty() && sb.table.len() > sb.members {
+                let (drive, path) = spares.remove(0);
+                let first_spare = sb.members;
+                let entry = sb.table.remove(first_spare);
+                drop(spares);
+                sb.table[member] = (entry.0, MemberState::Rebuilding);
+                sb.rebuild_checkpoint = 0;
+                array.install_member(member, drive, 0);
+                tracing::warn!(
+                    "hot spare {} takes the place of member {member}; rebuild it with `millrace pool rebuild`",
+                    path.display()
+                );
+                self.paths.lock()[member] = Some(path);
+            }
+        }
+        if let Err(e) = self.commit(&mut sb) {
+            tracing::error!("could not record that member {member} failed ({why}): {e}");
+        }
+    }
 }
 
 pub struct Pool {
     meta: Arc<Meta>,
     array: Arc<Array>,
-    paths: Vec<Option<PathBuf>>,
     dirty: AtomicBool,
     /// Things worth telling the admin (unequal sizes, stale members, ...).
     pub notes: Vec<String>,
@@ -332,11 +385,17 @@ impl Pool {
             rebuild_checkpoint: 0,
             table,
         };
-        let pool = Pool::assemble_from(sb.clone(), drives, paths.iter().cloned().map(Some).collect(), notes);
+        let pool = Pool::assemble_from(
+            sb.clone(),
+            drives.clone(),
+            paths.iter().cloned().map(Some).collect(),
+            Vec::new(),
+            notes,
+        );
         {
             // Zero the other slot too, so no older pool's superblock survives beside ours.
             let zero = AlignedBuf::zeroed(2 * SLOT_BYTES);
-            for d in &pool.meta.drives {
+            for d in &drives {
                 d.write_at(&zero, 0)
                     .map_err(|e| PoolError(format!("cannot write {}: {e}", d.describe())))?;
             }
@@ -352,27 +411,30 @@ impl Pool {
         sb: Superblock,
         drives: Vec<Arc<dyn Drive>>,
         paths: Vec<Option<PathBuf>>,
+        spares: Vec<(Arc<dyn Drive>, PathBuf)>,
         notes: Vec<String>,
     ) -> Pool {
         let geo = sb.geometry().expect("superblock geometry was checked");
-        let states: Vec<MemberState> = sb.table.iter().map(|t| t.1).collect();
-        let array = Arc::new(Array::new(geo, sb.data_offset, drives.clone(), &states));
+        let states: Vec<MemberState> = sb.table[..sb.members].iter().map(|t| t.1).collect();
+        let array = Arc::new(Array::new(geo, sb.data_offset, drives, &states));
+        for (m, s) in states.iter().enumerate() {
+            if *s == MemberState::Rebuilding {
+                // A rebuild interrupted by a restart goes on from its last checkpoint.
+                array.set_rebuilt_rows(m, sb.rebuild_checkpoint);
+            }
+        }
         let meta = Arc::new(Meta {
             sb: Mutex::new(sb),
-            drives,
+            array: OnceLock::new(),
+            spares: Mutex::new(spares),
+            paths: Mutex::new(paths),
         });
+        let _ = meta.array.set(Arc::downgrade(&array));
         let m2 = meta.clone();
-        array.set_failure_hook(Box::new(move |member, why| {
-            let mut sb = m2.sb.lock();
-            sb.table[member].1 = MemberState::Faulty;
-            if let Err(e) = m2.commit(&mut sb) {
-                tracing::error!("could not record that member {member} failed ({why}): {e}");
-            }
-        }));
+        array.set_failure_hook(Box::new(move |member, why| m2.member_failed(member, why)));
         Pool {
             meta,
             array,
-            paths,
             dirty: AtomicBool::new(false),
             notes,
         }
@@ -411,7 +473,21 @@ impl Pool {
             let mut mpaths = Vec::new();
             let mut table = sb.table.clone();
             let mut pnotes = Vec::new();
-            for (i, (uuid, state)) in sb.table.iter().enumerate() {
+            let mut spares = Vec::new();
+            let mut lost_spares = Vec::new();
+            for (i, (uuid, _)) in sb.table.iter().enumerate().skip(sb.members) {
+                match members.iter().find(|m| m.2.member_uuid == *uuid && m.2.events == newest) {
+                    Some((p, d, _)) => spares.push((d.clone(), p.clone())),
+                    None => {
+                        pnotes.push(format!("hot spare {i} of pool '{}' was not found; it is dropped", sb.name));
+                        lost_spares.push(i);
+                    }
+                }
+            }
+            for i in lost_spares.into_iter().rev() {
+                table.remove(i);
+            }
+            for (i, (uuid, state)) in sb.table.iter().enumerate().take(sb.members) {
                 let hit = members.iter().find(|m| m.2.member_uuid == *uuid);
                 match hit {
                     Some((p, d, msb)) if msb.events == newest => {
@@ -446,7 +522,7 @@ impl Pool {
             let mut sb = sb;
             let changed = table != sb.table;
             sb.table = table;
-            let pool = Pool::assemble_from(sb, drives, mpaths, pnotes);
+            let pool = Pool::assemble_from(sb, drives, mpaths, spares, pnotes);
             if changed {
                 let mut sb = pool.meta.sb.lock().clone();
                 pool.meta
@@ -472,7 +548,11 @@ impl Pool {
     }
 
     pub fn member_paths(&self) -> Vec<Option<PathBuf>> {
-        self.paths.clone()
+        self.meta.paths.lock().clone()
+    }
+
+    pub fn spare_paths(&self) -> Vec<PathBuf> {
+        self.meta.spares.lock().iter().map(|s| s.1.clone()).collect()
     }
 
     pub fn superblock(&self) -> Superblock {
@@ -533,6 +613,9 @@ impl Pool {
         for (i, s) in self.array.member_states().into_iter().enumerate() {
             copy.table[i].1 = s;
         }
+        if self.array.member_states().contains(&MemberState::Rebuilding) {
+            copy.rebuild_checkpoint = self.rebuild_checkpoint();
+        }
         self.meta
             .commit(&mut copy)
             .map_err(|e| PoolError(format!("cannot record a clean shutdown: {e}")))?;
@@ -544,7 +627,8 @@ impl Pool {
     /// Erases the superblocks of every member, so the drives no longer form a pool.
     pub fn destroy(self) -> Result<()> {
         let zero = AlignedBuf::zeroed(2 * SLOT_BYTES);
-        for d in &self.meta.drives {
+        let spares: Vec<Arc<dyn Drive>> = self.meta.spares.lock().iter().map(|s| s.0.clone()).collect();
+        for d in self.array.drives().iter().chain(spares.iter()) {
             if d.size_bytes() > 0 {
                 d.write_at(&zero, 0)
                     .and_then(|_| d.flush())
@@ -572,6 +656,7 @@ impl Pool {
         let sb = self.meta.sb.lock().clone();
         let geo = *self.array.geometry();
         let states = self.array.member_states();
+        let paths = self.member_paths();
         PoolInfo {
             name: sb.name.clone(),
             uuid: sb.pool_uuid,
@@ -590,14 +675,268 @@ impl Pool {
             members: (0..geo.members)
                 .map(|i| MemberInfo {
                     index: i,
-                    path: self.paths[i].as_ref().map(|p| p.display().to_string()),
+                    path: paths[i].as_ref().map(|p| p.display().to_string()),
                     uuid: sb.table[i].0,
                     state: states[i],
                     data_offset_bytes: sb.data_offset,
                     group: i / geo.group,
                 })
                 .collect(),
+            spares: self.spare_paths().iter().map(|p| p.display().to_string()).collect(),
+            rebuild: states.contains(&MemberState::Rebuilding).then(|| {
+                let done = self.rebuild_checkpoint();
+                RebuildInfo {
+                    rows_done: done,
+                    rows_total: geo.rows(),
+                    percent: 100.0 * done as f64 / geo.rows().max(1) as f64,
+                }
+            }),
         }
+    }
+
+    /// The slot of the member at `path` (by identity, so any name for the drive works).
+    fn slot_of(&self, path: &Path) -> Result<usize> {
+        let want = FileDrive::identity(path).ok();
+        let abs = absolute(path);
+        let paths = self.member_paths();
+        paths
+            .iter()
+            .position(|p| {
+                p.as_ref().is_some_and(|p| {
+                    absolute(p) == abs || (want.is_some() && FileDrive::identity(p).ok() == want)
+                })
+            })
+            .ok_or_else(|| {
+                PoolError(format!(
+                    "{} is not a member of pool '{}'; `millrace pool show {}` lists its members",
+                    path.display(),
+                    self.name(),
+                    self.name()
+                ))
+            })
+    }
+
+    /// Whether the pool would still serve with member `m` gone too.
+    fn survives_losing(&self, m: usize) -> bool {
+        let geo = self.array.geometry();
+        let g = m / geo.group;
+        let out = geo
+            .group_members(g)
+            .filter(|&i| i == m || self.array.member_state(i) != MemberState::Online)
+            .count();
+        out <= geo.tolerance_per_group()
+    }
+
+    /// Takes a member out of service, as a drive failure would. Refused where the pool would
+    /// go offline.
+    pub fn fail(&self, path: &Path) -> Result<String> {
+        let m = self.slot_of(path)?;
+        let st = self.array.member_state(m);
+        if !matches!(st, MemberState::Online | MemberState::Rebuilding) {
+            return err(format!("{} is already out of service ({st:?})", path.display()).to_lowercase());
+        }
+        if !self.survives_losing(m) {
+            return err(format!(
+                "failing {} would take pool '{}' offline: its group has no redundancy left to lose",
+                path.display(),
+                self.name()
+            ));
+        }
+        self.array.fail_member(m, &io::Error::other("taken out of service by the admin"));
+        let now = self.member_paths()[m].clone();
+        Ok(match now {
+            Some(p) if p != path && self.array.member_state(m) == MemberState::Rebuilding => format!(
+                "{} failed; hot spare {} took its place and needs rebuilding",
+                path.display(),
+                p.display()
+            ),
+            _ => format!("{} failed; pool '{}' is {}", path.display(), self.name(), self.state()),
+        })
+    }
+
+    /// Opens a drive to join the pool, checking it is big enough and not someone else's.
+    fn claim(&self, path: &Path, force: bool) -> Result<Arc<dyn Drive>> {
+        let spares = self.spare_paths();
+        if self.slot_of(path).is_ok() || spares.iter().any(|s| absolute(s) == absolute(path)) {
+            return err(format!("{} is already part of pool '{}'", path.display(), self.name()));
+        }
+        let d: Arc<dyn Drive> = Arc::new(
+            FileDrive::open(path).map_err(|e| PoolError(format!("cannot open {}: {e}", path.display())))?,
+        );
+        let sb = self.superblock();
+        let need = sb.data_offset + sb.member_data_bytes;
+        if d.size_bytes() < need {
+            return err(format!(
+                "{} is too small for pool '{}': it holds {} bytes, and a member needs {need}",
+                path.display(),
+                sb.name,
+                d.size_bytes()
+            ));
+        }
+        if !force {
+            match read_superblock(d.as_ref()) {
+                Ok(Ok(other)) => {
+                    return err(format!(
+                        "{} already belongs to pool '{}' ({}); pass --force to overwrite it",
+                        path.display(),
+                        other.name,
+                        other.pool_uuid
+                    ))
+                }
+                Ok(Err(SbError::Corrupt(why))) => {
+                    return err(format!("{} carries {why}; pass --force to overwrite it", path.display()))
+                }
+                _ => {}
+            }
+            let head = read_head(d.as_ref(), BLANK_CHECK)
+                .map_err(|e| PoolError(format!("cannot read {}: {e}", path.display())))?;
+            if head.iter().any(|&b| b != 0) {
+                return err(format!(
+                    "{} is not blank; pass --force to overwrite it",
+                    path.display()
+                ));
+            }
+        }
+        Ok(d)
+    }
+
+    /// Adds a hot spare. If a member is already out of service, the spare takes its place now.
+    pub fn add_spare(&self, path: &Path, force: bool) -> Result<String> {
+        let d = self.claim(path, force)?;
+        {
+            let mut sb = self.meta.sb.lock();
+            if sb.table.len() >= crate::geometry::MAX_MEMBERS {
+                return err("the pool has no room for more spares");
+            }
+            sb.table.push((Uuid::new_v4(), MemberState::Spare));
+            self.meta.spares.lock().push((d, path.to_path_buf()));
+            let mut copy = sb.clone();
+            self.meta
+                .commit(&mut copy)
+                .map_err(|e| PoolError(format!("cannot record the spare: {e}")))?;
+            *sb = copy;
+        }
+        let out = (0..self.array.geometry().members)
+            .find(|&m| matches!(self.array.member_state(m), MemberState::Faulty | MemberState::Missing));
+        if let Some(m) = out {
+            self.meta.member_failed(m, &io::Error::other("out of service"));
+            return Ok(format!(
+                "{} added as a hot spare and put in place of member {m}, which was out of service; rebuild it with `millrace pool rebuild {}`",
+                path.display(),
+                self.name()
+            ));
+        }
+        Ok(format!("{} added as a hot spare of pool '{}'", path.display(), self.name()))
+    }
+
+    /// Puts `new` in place of member `old` and marks it for rebuilding. A member still in
+    /// service is taken out first, where the pool survives that.
+    pub fn replace(&self, old: &Path, new: &Path, force: bool) -> Result<String> {
+        let m = self.slot_of(old)?;
+        let d = self.claim(new, force)?;
+        if matches!(self.array.member_state(m), MemberState::Online | MemberState::Rebuilding) {
+            if !self.survives_losing(m) {
+                return err(format!(
+                    "replacing {} would take pool '{}' offline while the new drive is rebuilt",
+                    old.display(),
+                    self.name()
+                ));
+            }
+            // Out of service first (this records it), without handing the slot to a spare.
+            let spares = std::mem::take(&mut *self.meta.spares.lock());
+            self.array.fail_member(m, &io::Error::other("being replaced by the admin"));
+            *self.meta.spares.lock() = spares;
+        }
+        let mut sb = self.meta.sb.lock();
+        sb.table[m] = (Uuid::new_v4(), MemberState::Rebuilding);
+        sb.rebuild_checkpoint = 0;
+        self.array.install_member(m, d, 0);
+        self.meta.paths.lock()[m] = Some(new.to_path_buf());
+        let mut copy = sb.clone();
+        self.meta
+            .commit(&mut copy)
+            .map_err(|e| PoolError(format!("cannot record the replacement: {e}")))?;
+        *sb = copy;
+        Ok(format!("{} replaces {} in pool '{}'", new.display(), old.display(), sb.name))
+    }
+
+    /// The lowest row not yet rebuilt on any rebuilding member.
+    fn rebuild_checkpoint(&self) -> u64 {
+        self.array.rebuild_progress().unwrap_or(0)
+    }
+
+    /// Rebuilds every member in state Rebuilding, from its checkpoint, while the pool serves.
+    /// `rate` caps the bytes written per second to the new drives. The checkpoint is recorded in
+    /// the superblocks about every second, so an interrupted rebuild resumes there.
+    pub fn rebuild(&self, rate: Option<u64>, mut progress: impl FnMut(u64, u64)) -> Result<bool> {
+        let geo = *self.array.geometry();
+        let targets: Vec<usize> =
+            (0..geo.members).filter(|&m| self.array.member_state(m) == MemberState::Rebuilding).collect();
+        if targets.is_empty() {
+            return Ok(false);
+        }
+        self.mark_dirty()?;
+        let start = self.rebuild_checkpoint();
+        let t0 = std::time::Instant::now();
+        let mut last_save = t0;
+        let row_bytes = geo.strip * targets.len() as u64;
+        for row in start..geo.rows() {
+            self.array.rebuild_row(row)?;
+            if let Some(&m) = targets.iter().find(|&&m| self.array.member_state(m) != MemberState::Rebuilding) {
+                return err(format!(
+                    "the rebuild stopped: member {m} ({}) failed while being rebuilt; replace it with `millrace pool replace`",
+                    self.member_paths()[m].as_ref().map(|p| p.display().to_string()).unwrap_or_default()
+                ));
+            }
+            if let Some(rate) = rate.filter(|&r| r > 0) {
+                let due = std::time::Duration::from_secs_f64((row + 1 - start) as f64 * row_bytes as f64 / rate as f64);
+                if let Some(wait) = due.checked_sub(t0.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+            if last_save.elapsed() >= std::time::Duration::from_secs(1) {
+                last_save = std::time::Instant::now();
+                self.array.flush()?;
+                let mut sb = self.meta.sb.lock();
+                let mut copy = sb.clone();
+                copy.rebuild_checkpoint = row + 1;
+                self.meta
+                    .commit(&mut copy)
+                    .map_err(|e| PoolError(format!("cannot record the rebuild's progress: {e}")))?;
+                *sb = copy;
+            }
+            progress(row + 1, geo.rows());
+        }
+        self.array.flush()?;
+        let mut sb = self.meta.sb.lock();
+        for &m in &targets {
+            self.array.set_member_state(m, MemberState::Online);
+            sb.table[m].1 = MemberState::Online;
+        }
+        let mut copy = sb.clone();
+        copy.rebuild_checkpoint = 0;
+        self.meta
+            .commit(&mut copy)
+            .map_err(|e| PoolError(format!("cannot record the finished rebuild: {e}")))?;
+        *sb = copy;
+        Ok(true)
+    }
+
+    /// Checks every row's redundancy; with `repair`, fixes what it finds.
+    pub fn scrub(&self, repair: bool, mut progress: impl FnMut(u64, u64)) -> Result<crate::engine::ScrubReport> {
+        if repair {
+            self.mark_dirty()?;
+        }
+        let rows = self.array.geometry().rows();
+        let mut total = crate::engine::ScrubReport::default();
+        for row in 0..rows {
+            total.add(&self.array.scrub_row(row, repair)?);
+            if row % 64 == 0 || row + 1 == rows {
+                progress(row + 1, rows);
+            }
+        }
+        self.array.flush()?;
+        Ok(total)
     }
 }
 
@@ -655,10 +994,12 @@ impl Cache {
             pool.name(),
             CachedPool {
                 uuid: pool.uuid(),
+                // Spares too: they are found again the same way as members.
                 members: pool
                     .member_paths()
                     .into_iter()
                     .flatten()
+                    .chain(pool.spare_paths())
                     .map(|p| absolute(&p))
                     .collect(),
             },

@@ -6,11 +6,12 @@
 //! ```text
 //!    0  magic "MILLRACE"          8  format version u32     12  flags u32 (bit 0: clean)
 //!   16  pool uuid [16]           32  member uuid [16]       48  pool name [64], NUL padded
-//!  112  level u8, pad u8, members u16, group u16, pad u16  120  strip u32, pad u32
+//!  112  level u8, pad u8, members u16, group u16, spares u16  120  strip u32, pad u32
 //!  128  data offset u64         136  data bytes per member u64     144  event counter u64
 //!  152  member index u16, pad [6]     160  created (unix seconds) u64
 //!  168  rebuild checkpoint (row) u64  176  reserved up to 256
-//!  256  member table: MAX_MEMBERS x { uuid [16], state u8, pad [7] }
+//!  256  member table: (members + spares) x { uuid [16], state u8, pad [7] }, at most
+//!       MAX_MEMBERS entries; hot spares follow the members, in state Spare
 //! 4092  crc32c of bytes 0..4092
 //! ```
 
@@ -76,7 +77,8 @@ pub struct Superblock {
     pub created: u64,
     pub clean: bool,
     pub rebuild_checkpoint: u64,
-    /// One entry per slot in layout order: (uuid of the drive in that slot, its state).
+    /// One entry per slot in layout order: (uuid of the drive in that slot, its state), then
+    /// one per hot spare.
     pub table: Vec<(Uuid, MemberState)>,
 }
 
@@ -127,6 +129,7 @@ impl Superblock {
         b[112] = self.level.code();
         put16(&mut b, 114, self.members as u16);
         put16(&mut b, 116, self.group as u16);
+        put16(&mut b, 118, (self.table.len() - self.members) as u16);
         put32(&mut b, 120, self.strip as u32);
         put64(&mut b, 128, self.data_offset);
         put64(&mut b, 136, self.member_data_bytes);
@@ -167,8 +170,14 @@ impl Superblock {
         if members == 0 || members > MAX_MEMBERS {
             return Err(SbError::Corrupt(format!("{members} members")));
         }
+        let spares = get16(b, 118) as usize;
+        if members + spares > MAX_MEMBERS {
+            return Err(SbError::Corrupt(format!(
+                "{members} members and {spares} spares"
+            )));
+        }
         let member_index = get16(b, 152) as usize;
-        if member_index >= members {
+        if member_index >= members + spares {
             return Err(SbError::Corrupt(format!(
                 "member index {member_index} of {members}"
             )));
@@ -178,8 +187,8 @@ impl Superblock {
         let name = std::str::from_utf8(&name_raw[..end])
             .map_err(|_| SbError::Corrupt("pool name is not UTF-8".into()))?
             .to_string();
-        let mut table = Vec::with_capacity(members);
-        for i in 0..members {
+        let mut table = Vec::with_capacity(members + spares);
+        for i in 0..members + spares {
             let at = TABLE + i * ENTRY;
             let uuid = Uuid::from_slice(&b[at..at + 16]).expect("16 bytes");
             let state = MemberState::from_code(b[at + 16]).ok_or_else(|| {

@@ -56,6 +56,41 @@ pub enum PoolCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Take a member out of service, as a drive failure would (refused if the pool would go offline).
+    Fail {
+        name: String,
+        drive: PathBuf,
+    },
+    /// Manage hot spares.
+    #[command(subcommand)]
+    Spare(SpareCmd),
+    /// Put a new drive in place of a member and rebuild onto it.
+    Replace {
+        name: String,
+        old: PathBuf,
+        new: PathBuf,
+        /// Overwrite a new drive that holds other data.
+        #[arg(long)]
+        force: bool,
+        /// Cap the rebuild's write rate, e.g. 200M (bytes per second).
+        #[arg(long, value_parser = parse_bytes)]
+        rate: Option<u64>,
+    },
+    /// Run (or resume) the rebuild of members being rebuilt, with progress.
+    Rebuild {
+        name: String,
+        /// Cap the rebuild's write rate, e.g. 200M (bytes per second).
+        #[arg(long, value_parser = parse_bytes)]
+        rate: Option<u64>,
+    },
+    /// Verify every stripe's redundancy; report, and with --repair fix.
+    Scrub {
+        name: String,
+        #[arg(long)]
+        repair: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Erase a pool's superblocks; its data is gone for good.
     Destroy {
         name: String,
@@ -65,8 +100,111 @@ pub enum PoolCmd {
     },
 }
 
+#[derive(Subcommand)]
+pub enum SpareCmd {
+    /// Add a hot spare: rebuild onto it starts when a member fails.
+    Add {
+        name: String,
+        drive: PathBuf,
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+fn rebuild(pool: &Pool, rate: Option<u64>) -> Result<()> {
+    let bar = progress_bar("rebuilding");
+    let t0 = std::time::Instant::now();
+    let did = pool.rebuild(rate, |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
+    bar.finish_and_clear();
+    if did? {
+        let bytes = pool.info().member_data_bytes;
+        println!(
+            "rebuild finished in {:.1} s ({}/s per rebuilt drive); pool '{}' is {}",
+            t0.elapsed().as_secs_f64(),
+            human((bytes as f64 / t0.elapsed().as_secs_f64().max(1e-3)) as u64),
+            pool.name(),
+            pool.state()
+        );
+    } else {
+        println!("nothing to rebuild in pool '{}' ({})", pool.name(), pool.state());
+    }
+    Ok(())
+}
+
 pub fn run(home: &Path, cmd: PoolCmd) -> Result<()> {
     match cmd {
+        PoolCmd::Fail { name, drive } => {
+            let pool = Cache::load(home)?.open(&name)?;
+            let msg = pool.fail(&drive)?;
+            println!("{msg}");
+            let cache_paths_changed = pool.info().rebuild.is_some();
+            if cache_paths_changed {
+                let mut cache = Cache::load(home)?;
+                cache.remember(&pool);
+                cache.save(home)?;
+                rebuild(&pool, None)?;
+            }
+            pool.close()?;
+            Ok(())
+        }
+        PoolCmd::Spare(SpareCmd::Add { name, drive, force }) => {
+            let pool = Cache::load(home)?.open(&name)?;
+            println!("{}", pool.add_spare(&drive, force)?);
+            let mut cache = Cache::load(home)?;
+            cache.remember(&pool);
+            cache.save(home)?;
+            if pool.info().rebuild.is_some() {
+                rebuild(&pool, None)?;
+            }
+            pool.close()?;
+            Ok(())
+        }
+        PoolCmd::Replace { name, old, new, force, rate } => {
+            let pool = Cache::load(home)?.open(&name)?;
+            println!("{}", pool.replace(&old, &new, force)?);
+            let mut cache = Cache::load(home)?;
+            cache.remember(&pool);
+            cache.save(home)?;
+            rebuild(&pool, rate)?;
+            pool.close()?;
+            Ok(())
+        }
+        PoolCmd::Rebuild { name, rate } => {
+            let pool = Cache::load(home)?.open(&name)?;
+            rebuild(&pool, rate)?;
+            pool.close()?;
+            Ok(())
+        }
+        PoolCmd::Scrub { name, repair, json } => {
+            let pool = Cache::load(home)?.open(&name)?;
+            let bar = progress_bar(if repair { "scrubbing and repairing" } else { "scrubbing" });
+            let rep = pool.scrub(repair, |done, total| {
+                bar.set_length(total);
+                bar.set_position(done);
+            })?;
+            bar.finish_and_clear();
+            pool.close()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rep)?);
+            } else {
+                let mut t = table(&["rows checked", "mismatches", "located (raid6)", "repaired", "skipped (degraded)"]);
+                t.add_row(vec![
+                    rep.rows_checked.to_string(),
+                    rep.mismatches.to_string(),
+                    rep.located.to_string(),
+                    rep.repaired.to_string(),
+                    rep.skipped_degraded.to_string(),
+                ]);
+                println!("{t}");
+                if rep.mismatches > 0 && !repair {
+                    println!("run `millrace pool scrub {name} --repair` to fix them");
+                }
+            }
+            Ok(())
+        }
         PoolCmd::Create {
             name,
             level,
@@ -186,7 +324,10 @@ fn print_pool(i: &PoolInfo, json: bool) -> Result<()> {
         i.group_size.to_string(),
         human(i.strip_bytes),
         human(i.full_stripe_bytes),
-        format!("{}{}", i.state, if i.clean { "" } else { " (in use or not shut down cleanly)" }),
+        match &i.rebuild {
+            Some(r) => format!("{} {:.0}%", i.state, r.percent),
+            None => format!("{}{}", i.state, if i.clean { "" } else { " (in use or not shut down cleanly)" }),
+        },
     ]);
     println!("{t}");
     let mut m = table(&["#", "group", "drive", "state", "data offset"]);
@@ -200,6 +341,9 @@ fn print_pool(i: &PoolInfo, json: bool) -> Result<()> {
         ]);
     }
     println!("{m}");
+    for s in &i.spares {
+        println!("hot spare: {s}");
+    }
     Ok(())
 }
 

@@ -1,0 +1,172 @@
+//! Drive failures through the CLI on drive files: degraded reads, hot spares, replacement,
+//! rebuild (also interrupted by SIGKILL and resumed), and scrub finding and fixing silent
+//! corruption.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use assert_cmd::Command;
+use predicates::str::contains;
+use serde_json::Value;
+
+fn millrace(dir: &Path) -> Command {
+    let mut c = Command::cargo_bin("millrace").unwrap();
+    c.env("MILLRACE_HOME", dir.join("home")).current_dir(dir);
+    c
+}
+
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(2654435761) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+fn show(dir: &Path, name: &str) -> Value {
+    let out = millrace(dir).args(["pool", "show", name, "--json"]).assert().success().get_output().stdout.clone();
+    serde_json::from_slice(&out).unwrap()
+}
+
+fn read_back(dir: &Path, name: &str, off: u64, len: usize) -> Vec<u8> {
+    millrace(dir)
+        .args(["io", "read", name, "--offset", &off.to_string(), "--length", &len.to_string()])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone()
+}
+
+fn setup(dir: &Path, n: usize, size: &str) -> (Vec<PathBuf>, Vec<u8>) {
+    let ds: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("d{i}.img"))).collect();
+    let mut c = millrace(dir);
+    c.args(["pool", "create", "tank", "--level", "raid6", "--strip", "64k", "--create", size, "--data-offset", "1M"]).args(&ds);
+    c.assert().success();
+    let data = pattern(3_000_000, 5);
+    millrace(dir).args(["io", "write", "tank", "--offset", "777"]).write_stdin(data.clone()).assert().success();
+    (ds, data)
+}
+
+#[test]
+fn fail_spare_replace_rebuild_scrub() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path();
+    let (ds, data) = setup(dir, 6, "32M");
+
+    millrace(dir).args(["pool", "fail", "tank"]).arg(&ds[2]).assert().success().stdout(contains("degraded"));
+    let v = show(dir, "tank");
+    assert_eq!(v["state"], "degraded");
+    assert_eq!(v["members"][2]["state"], "faulty");
+    assert!(read_back(dir, "tank", 777, data.len()) == data, "degraded read differs");
+    // Writes keep working degraded.
+    let more = pattern(200_000, 6);
+    millrace(dir).args(["io", "write", "tank", "--offset", "5000000"]).write_stdin(more.clone()).assert().success();
+
+    // A spare added while a member is out takes its place and is rebuilt at once.
+    millrace(dir)
+        .args(["pool", "spare", "add", "tank"])
+        .arg(dir.join("s0.img"))
+        .assert()
+        .failure()
+        .stderr(contains("cannot open"));
+    std::fs::write(dir.join("s0.img"), vec![0u8; 32 << 20]).unwrap();
+    millrace(dir)
+        .args(["pool", "spare", "add", "tank"])
+        .arg(dir.join("s0.img"))
+        .assert()
+        .success()
+        .stdout(contains("rebuild finished"));
+    let v = show(dir, "tank");
+    assert_eq!(v["state"], "online");
+    assert!(v["members"][2]["path"].as_str().unwrap().ends_with("s0.img"));
+
+    // Replace a healthy member; then two failures at once are survived, a third refused.
+    millrace(dir).args(["pool", "replace", "tank"]).arg(&ds[4]).arg(dir.join("n4.img")).assert().failure().stderr(contains("cannot open"));
+    std::fs::write(dir.join("n4.img"), vec![0u8; 32 << 20]).unwrap();
+    millrace(dir).args(["pool", "replace", "tank"]).arg(&ds[4]).arg(dir.join("n4.img")).assert().success();
+    assert_eq!(show(dir, "tank")["state"], "online");
+    millrace(dir).args(["pool", "fail", "tank"]).arg(&ds[0]).assert().success();
+    millrace(dir).args(["pool", "fail", "tank"]).arg(&ds[1]).assert().success();
+    millrace(dir).args(["pool", "fail", "tank"]).arg(&ds[3]).assert().failure().stderr(contains("offline"));
+    assert!(read_back(dir, "tank", 777, data.len()) == data, "read with two drives out differs");
+    assert!(read_back(dir, "tank", 5_000_000, more.len()) == more);
+
+    // Bring it back to full health, then check every stripe.
+    for (old, new) in [(0, "n0.img"), (1, "n1.img")] {
+        std::fs::write(dir.join(new), vec![0u8; 32 << 20]).unwrap();
+        millrace(dir).args(["pool", "replace", "tank"]).arg(&ds[old]).arg(dir.join(new)).assert().success();
+    }
+    let clean = millrace(dir).args(["pool", "scrub", "tank", "--json"]).assert().success().get_output().stdout.clone();
+    let clean: Value = serde_json::from_slice(&clean).unwrap();
+    assert_eq!(clean["mismatches"], 0);
+    assert!(clean["rows_checked"].as_u64().unwrap() > 100);
+
+    // Silent corruption: a drive returns wrong data without an error. Scrub finds the strip
+    // from P and Q, repairs it, and the data reads right again.
+    let victim = dir.join("d3.img");
+    let mut bytes = std::fs::read(&victim).unwrap();
+    let at = (1 << 20) + 64 * 1024 * 5 + 100;
+    let original = bytes[at..at + 3000].to_vec();
+    for b in &mut bytes[at..at + 3000] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(&victim, &bytes).unwrap();
+    let rep = millrace(dir).args(["pool", "scrub", "tank", "--json"]).assert().success().get_output().stdout.clone();
+    let rep: Value = serde_json::from_slice(&rep).unwrap();
+    assert_eq!(rep["mismatches"], 1, "{rep}");
+    let rep = millrace(dir).args(["pool", "scrub", "tank", "--repair", "--json"]).assert().success().get_output().stdout.clone();
+    let rep: Value = serde_json::from_slice(&rep).unwrap();
+    assert_eq!(rep["repaired"], 1, "{rep}");
+    let rep = millrace(dir).args(["pool", "scrub", "tank", "--json"]).assert().success().get_output().stdout.clone();
+    let rep: Value = serde_json::from_slice(&rep).unwrap();
+    assert_eq!(rep["mismatches"], 0, "{rep}");
+    assert!(std::fs::read(&victim).unwrap()[at..at + 3000] == original[..], "the corrupt strip was not restored");
+    assert!(read_back(dir, "tank", 777, data.len()) == data, "data differs after repair");
+}
+
+#[test]
+fn rebuild_killed_with_sigkill_resumes_from_its_checkpoint() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path();
+    let (ds, data) = setup(dir, 5, "64M");
+    millrace(dir).args(["pool", "fail", "tank"]).arg(&ds[1]).assert().success();
+    std::fs::write(dir.join("n1.img"), vec![0u8; 64 << 20]).unwrap();
+    // A slow rebuild (4 MiB/s), killed part way.
+    let bin = assert_cmd::cargo::cargo_bin("millrace");
+    let mut child = std::process::Command::new(&bin)
+        .env("MILLRACE_HOME", dir.join("home"))
+        .current_dir(dir)
+        .args(["pool", "replace", "tank"])
+        .arg(&ds[1])
+        .arg(dir.join("n1.img"))
+        .args(["--rate", "4M"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(3500));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let v = show(dir, "tank");
+    assert_eq!(v["state"], "rebuilding", "{v}");
+    let done = v["rebuild"]["rows_done"].as_u64().unwrap();
+    let total = v["rebuild"]["rows_total"].as_u64().unwrap();
+    assert!(done > 0 && done < total, "checkpoint {done} of {total}");
+    // Reads are right while half rebuilt.
+    assert!(read_back(dir, "tank", 777, data.len()) == data);
+    millrace(dir).args(["pool", "rebuild", "tank"]).assert().success().stdout(contains("rebuild finished"));
+    assert_eq!(show(dir, "tank")["state"], "online");
+    let rep = millrace(dir).args(["pool", "scrub", "tank", "--json"]).assert().success().get_output().stdout.clone();
+    let rep: Value = serde_json::from_slice(&rep).unwrap();
+    assert_eq!(rep["mismatches"], 0, "{rep}");
+    // Now the old members alone (without n1) must still hold everything: fail another drive.
+    millrace(dir).args(["pool", "fail", "tank"]).arg(&ds[3]).assert().success();
+    millrace(dir).args(["pool", "fail", "tank"]).arg(&ds[4]).assert().success();
+    assert!(read_back(dir, "tank", 777, data.len()) == data, "the rebuilt drive holds wrong data");
+}
