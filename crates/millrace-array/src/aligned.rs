@@ -70,5 +70,5 @@ impl DerefMut for AlignedBuf {
 
 /// Whether a slice can go to an O_DIRECT member as it is.
 pub fn is_aligned(buf: &[u8]) -> bool {
-    (buf.as_ptr() as usize) % ALIGN == 0 && buf.len() % ALIGN == 0
+    (buf.as_ptr() as usize).is_multiple_of(ALIGN) && buf.len().is_multiple_of(ALIGN)
 }

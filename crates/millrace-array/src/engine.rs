@@ -70,10 +70,16 @@ impl Drive for MissingDrive {
         0
     }
     fn read_at(&self, _: &mut [u8], _: u64) -> io::Result<()> {
-        Err(io::Error::new(io::ErrorKind::NotFound, format!("{} is missing", self.0)))
+        Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{} is missing", self.0),
+        ))
     }
     fn write_at(&self, _: &[u8], _: u64) -> io::Result<()> {
-        Err(io::Error::new(io::ErrorKind::NotFound, format!("{} is missing", self.0)))
+        Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{} is missing", self.0),
+        ))
     }
     fn flush(&self) -> io::Result<()> {
         Ok(())
@@ -171,7 +177,10 @@ impl Array {
             data_offset,
             drives: ArcSwap::from_pointee(drives),
             direct: direct.into(),
-            states: states.iter().map(|s| AtomicU8::new(state_code(*s))).collect(),
+            states: states
+                .iter()
+                .map(|s| AtomicU8::new(state_code(*s)))
+                .collect(),
             rebuilt_rows: (0..geo.members).map(|_| AtomicU64::new(0)).collect(),
             locks: (0..LOCK_SHARDS).map(|_| Mutex::new(())).collect(),
             on_failure: RwLock::new(None),
@@ -231,7 +240,9 @@ impl Array {
     }
 
     pub fn member_states(&self) -> Vec<MemberState> {
-        (0..self.geo.members).map(|m| self.member_state(m)).collect()
+        (0..self.geo.members)
+            .map(|m| self.member_state(m))
+            .collect()
     }
 
     /// Called (from the I/O path) whenever a member is marked faulty, so the pool can record it.
@@ -357,7 +368,9 @@ impl Array {
         let mut shards: Vec<usize> = if r1 - r0 + 1 >= LOCK_SHARDS as u64 {
             (0..LOCK_SHARDS).collect()
         } else {
-            (r0..=r1).map(|r| (r % LOCK_SHARDS as u64) as usize).collect()
+            (r0..=r1)
+                .map(|r| (r % LOCK_SHARDS as u64) as usize)
+                .collect()
         };
         shards.sort_unstable();
         shards.dedup();
@@ -365,8 +378,8 @@ impl Array {
     }
 
     fn needs_bounce(&self, offset: u64, buf: &[u8]) -> bool {
-        offset % SECTOR != 0
-            || buf.len() as u64 % SECTOR != 0
+        !offset.is_multiple_of(SECTOR)
+            || !(buf.len() as u64).is_multiple_of(SECTOR)
             || (!is_aligned(buf) && self.direct.load(Ordering::Relaxed))
     }
 
@@ -425,7 +438,9 @@ impl Array {
 
     /// Makes every completed write durable on every member in service.
     pub fn flush(&self) -> Result<()> {
-        let live: Vec<usize> = (0..self.geo.members).filter(|&m| self.writable(m)).collect();
+        let live: Vec<usize> = (0..self.geo.members)
+            .filter(|&m| self.writable(m))
+            .collect();
         let drives = self.drives.load_full();
         let results: Vec<(usize, io::Result<()>)> = std::thread::scope(|s| {
             let hs: Vec<_> = live
@@ -634,8 +649,8 @@ impl Array {
                 .filter(|&i| !self.readable(u.layout[i], u.row))
                 .collect();
             let missing = &u.missing;
-            let full = u.writes.len() == k
-                && u.writes.iter().all(|w| w.1 == 0 && w.3 as u64 == strip);
+            let full =
+                u.writes.len() == k && u.writes.iter().all(|w| w.1 == 0 && w.3 as u64 == strip);
             u.plan = if full {
                 Plan::Full
             } else if !missing.is_empty() {
@@ -665,7 +680,9 @@ impl Array {
             u.span = (0..n).map(|_| None).collect();
             match u.plan {
                 Plan::Full => {
-                    self.stats.full_stripe_writes.fetch_add(1, Ordering::Relaxed);
+                    self.stats
+                        .full_stripe_writes
+                        .fetch_add(1, Ordering::Relaxed);
                     for i in k..n {
                         u.span[i] = Some(AlignedBuf::zeroed(span));
                     }
@@ -726,7 +743,11 @@ impl Array {
                         for (i, b) in u.span.iter_mut().enumerate() {
                             let m = u.layout[i];
                             if !u.missing.contains(&i) {
-                                ops.push(Op::read(m, self.member_offset(row, lo), b.as_mut().unwrap()));
+                                ops.push(Op::read(
+                                    m,
+                                    self.member_offset(row, lo),
+                                    b.as_mut().unwrap(),
+                                ));
                             }
                         }
                     }
@@ -770,8 +791,11 @@ impl Array {
                 }
                 Plan::Rcw | Plan::Rebuild => {
                     if matches!(u.plan, Plan::Rebuild) {
-                        let mut strips: Vec<&mut [u8]> =
-                            u.span.iter_mut().map(|b| &mut b.as_mut().unwrap()[..]).collect();
+                        let mut strips: Vec<&mut [u8]> = u
+                            .span
+                            .iter_mut()
+                            .map(|b| &mut b.as_mut().unwrap()[..])
+                            .collect();
                         recover(&mut strips, &u.missing, np);
                     }
                     for w in &u.writes {
@@ -804,7 +828,11 @@ impl Array {
                 for w in &u.writes {
                     let m = u.layout[w.0];
                     if self.writable(m) {
-                        ops.push(Op::write(m, self.member_offset(row, w.1), &data[w.2..w.2 + w.3]));
+                        ops.push(Op::write(
+                            m,
+                            self.member_offset(row, w.1),
+                            &data[w.2..w.2 + w.3],
+                        ));
                     }
                 }
                 for (i, &m) in u.layout.iter().enumerate() {
@@ -812,10 +840,18 @@ impl Array {
                         continue;
                     }
                     if i >= k {
-                        ops.push(Op::write(m, self.member_offset(row, lo), u.span[i].as_ref().unwrap()));
+                        ops.push(Op::write(
+                            m,
+                            self.member_offset(row, lo),
+                            u.span[i].as_ref().unwrap(),
+                        ));
                     } else if matches!(u.plan, Plan::Rebuild) && u.missing.contains(&i) {
                         // A member being rebuilt gets the whole span it now has a value for.
-                        ops.push(Op::write(m, self.member_offset(row, lo), u.span[i].as_ref().unwrap()));
+                        ops.push(Op::write(
+                            m,
+                            self.member_offset(row, lo),
+                            u.span[i].as_ref().unwrap(),
+                        ));
                     }
                 }
             }
@@ -836,7 +872,11 @@ impl Array {
             for m in geo.group_members(loc.group) {
                 if self.writable(m) {
                     any = true;
-                    ops.push(Op::write(m, self.member_offset(p.row, p.s), &data[p.at..p.at + p.len]));
+                    ops.push(Op::write(
+                        m,
+                        self.member_offset(p.row, p.s),
+                        &data[p.at..p.at + p.len],
+                    ));
                 }
             }
             if !any {
@@ -916,7 +956,8 @@ impl Array {
         for group in 0..geo.groups() {
             let layout = geo.group_layout(row, group);
             let k = geo.group_data();
-            let mut bufs: Vec<AlignedBuf> = layout.iter().map(|_| AlignedBuf::zeroed(strip)).collect();
+            let mut bufs: Vec<AlignedBuf> =
+                layout.iter().map(|_| AlignedBuf::zeroed(strip)).collect();
             if geo.level.is_parity() {
                 let ok = {
                     let mut ops: Vec<Op> = bufs[..k]
@@ -936,7 +977,10 @@ impl Array {
                 }
                 let (d, p) = bufs.split_at_mut(k);
                 let srcs: Vec<&[u8]> = d.iter().map(|b| &b[..]).collect();
-                let mut par: Vec<Option<AlignedBuf>> = p.iter_mut().map(|b| Some(std::mem::replace(b, AlignedBuf::zeroed(0)))).collect();
+                let mut par: Vec<Option<AlignedBuf>> = p
+                    .iter_mut()
+                    .map(|b| Some(std::mem::replace(b, AlignedBuf::zeroed(0))))
+                    .collect();
                 gen_parity(&srcs, &mut par, geo.level.parity());
                 let mut ops: Vec<Op> = par
                     .iter()
@@ -1011,7 +1055,11 @@ impl Array {
         let off = self.member_offset(row, 0);
         for group in 0..geo.groups() {
             let members: Vec<usize> = geo.group_members(group).collect();
-            let tgt: Vec<usize> = targets.iter().copied().filter(|m| members.contains(m)).collect();
+            let tgt: Vec<usize> = targets
+                .iter()
+                .copied()
+                .filter(|m| members.contains(m))
+                .collect();
             if tgt.is_empty() {
                 continue;
             }
@@ -1027,7 +1075,8 @@ impl Array {
                         tolerance: geo.level.parity(),
                     });
                 }
-                let mut bufs: Vec<AlignedBuf> = layout.iter().map(|_| AlignedBuf::zeroed(strip)).collect();
+                let mut bufs: Vec<AlignedBuf> =
+                    layout.iter().map(|_| AlignedBuf::zeroed(strip)).collect();
                 let ok = {
                     let mut ops: Vec<Op> = bufs
                         .iter_mut()
@@ -1101,7 +1150,8 @@ impl Array {
                 rep.skipped_degraded += 1;
                 continue;
             }
-            let mut bufs: Vec<AlignedBuf> = members.iter().map(|_| AlignedBuf::zeroed(strip)).collect();
+            let mut bufs: Vec<AlignedBuf> =
+                members.iter().map(|_| AlignedBuf::zeroed(strip)).collect();
             let ok = {
                 let mut ops: Vec<Op> = bufs
                     .iter_mut()
@@ -1118,7 +1168,9 @@ impl Array {
             let mut fix: Vec<usize> = Vec::new();
             match geo.level.parity() {
                 0 => {
-                    let bad: Vec<usize> = (1..bufs.len()).filter(|&i| bufs[i][..] != bufs[0][..]).collect();
+                    let bad: Vec<usize> = (1..bufs.len())
+                        .filter(|&i| bufs[i][..] != bufs[0][..])
+                        .collect();
                     if !bad.is_empty() {
                         rep.mismatches += 1;
                         // With three or more copies the majority is right; with two, the first.
@@ -1169,7 +1221,10 @@ impl Array {
                 }
             }
             if repair && !fix.is_empty() {
-                let mut ops: Vec<Op> = fix.iter().map(|&i| Op::write(members[i], off, &bufs[i])).collect();
+                let mut ops: Vec<Op> = fix
+                    .iter()
+                    .map(|&i| Op::write(members[i], off, &bufs[i]))
+                    .collect();
                 if self.run(&mut ops) {
                     rep.repaired += 1;
                 }

@@ -188,7 +188,7 @@ impl Geometry {
                         "a {level} group needs at least {min_group} drives, but --group {g} was given"
                     ));
                 }
-                if members % g != 0 {
+                if !members.is_multiple_of(g) {
                     return Err(format!(
                         "--group {g} does not divide the {members} drives given: {level} needs whole groups (try a group size that divides {members})"
                     ));
@@ -388,7 +388,10 @@ mod tests {
             let e = Geometry::new(l, n, g, s, 1 << 30).unwrap_err();
             assert!(e.contains(why), "{l} {n} {g:?} {s}: {e}");
         }
-        assert!("raid7".parse::<Level>().unwrap_err().contains("unknown RAID level"));
+        assert!("raid7"
+            .parse::<Level>()
+            .unwrap_err()
+            .contains("unknown RAID level"));
         assert_eq!("RAID60".parse::<Level>().unwrap(), Level::Raid60);
     }
 }

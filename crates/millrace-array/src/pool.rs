@@ -178,6 +178,9 @@ impl Meta {
     }
 }
 
+/// A drive found at import: its path, the open drive, and its superblock.
+type Found = (PathBuf, Arc<dyn Drive>, Superblock);
+
 pub struct Pool {
     meta: Arc<Meta>,
     array: Arc<Array>,
@@ -258,7 +261,11 @@ impl Pool {
         result
     }
 
-    fn create_inner(opts: &CreateOptions, paths: &[PathBuf], created: &mut Vec<PathBuf>) -> Result<Pool> {
+    fn create_inner(
+        opts: &CreateOptions,
+        paths: &[PathBuf],
+        created: &mut Vec<PathBuf>,
+    ) -> Result<Pool> {
         if let Some(size) = opts.create_size {
             for p in paths {
                 if !p.exists() {
@@ -340,7 +347,7 @@ impl Pool {
         let sizes: Vec<u64> = drives.iter().map(|d| d.size_bytes()).collect();
         let min = *sizes.iter().min().unwrap();
         let data_offset = opts.data_offset.unwrap_or_else(|| default_data_offset(min));
-        if data_offset % 4096 != 0 || data_offset < 2 * SLOT_BYTES as u64 {
+        if !data_offset.is_multiple_of(4096) || data_offset < 2 * SLOT_BYTES as u64 {
             return err(format!(
                 "a data offset of {data_offset} bytes is not usable: it must be a multiple of 4 KiB and at least 8 KiB"
             ));
@@ -353,8 +360,14 @@ impl Pool {
                 opts.strip
             ));
         }
-        let geo = Geometry::new(opts.level, paths.len(), opts.group, opts.strip, min - data_offset)
-            .map_err(PoolError)?;
+        let geo = Geometry::new(
+            opts.level,
+            paths.len(),
+            opts.group,
+            opts.strip,
+            min - data_offset,
+        )
+        .map_err(PoolError)?;
         let mut notes = Vec::new();
         if sizes.iter().any(|&s| s != min) {
             notes.push(format!(
@@ -444,7 +457,7 @@ impl Pool {
     /// superblock, or with a damaged one, are reported in the returned notes and left alone.
     pub fn import(paths: &[PathBuf]) -> Result<(Vec<Pool>, Vec<String>)> {
         let mut notes = Vec::new();
-        let mut found: BTreeMap<Uuid, Vec<(PathBuf, Arc<dyn Drive>, Superblock)>> = BTreeMap::new();
+        let mut found: BTreeMap<Uuid, Vec<Found>> = BTreeMap::new();
         for p in paths {
             let d = match FileDrive::open(p) {
                 Ok(d) => Arc::new(d) as Arc<dyn Drive>,
@@ -454,7 +467,10 @@ impl Pool {
                 }
             };
             match read_superblock(d.as_ref()) {
-                Ok(Ok(sb)) => found.entry(sb.pool_uuid).or_default().push((p.clone(), d, sb)),
+                Ok(Ok(sb)) => found
+                    .entry(sb.pool_uuid)
+                    .or_default()
+                    .push((p.clone(), d, sb)),
                 Ok(Err(SbError::NotMillrace)) => {
                     notes.push(format!("skipped {}: no Millrace superblock", p.display()))
                 }
@@ -468,7 +484,12 @@ impl Pool {
         let mut pools = Vec::new();
         for (_, members) in found {
             let newest = members.iter().map(|m| m.2.events).max().unwrap();
-            let sb = members.iter().find(|m| m.2.events == newest).unwrap().2.clone();
+            let sb = members
+                .iter()
+                .find(|m| m.2.events == newest)
+                .unwrap()
+                .2
+                .clone();
             let mut drives: Vec<Arc<dyn Drive>> = Vec::new();
             let mut mpaths = Vec::new();
             let mut table = sb.table.clone();
@@ -476,10 +497,16 @@ impl Pool {
             let mut spares = Vec::new();
             let mut lost_spares = Vec::new();
             for (i, (uuid, _)) in sb.table.iter().enumerate().skip(sb.members) {
-                match members.iter().find(|m| m.2.member_uuid == *uuid && m.2.events == newest) {
+                match members
+                    .iter()
+                    .find(|m| m.2.member_uuid == *uuid && m.2.events == newest)
+                {
                     Some((p, d, _)) => spares.push((d.clone(), p.clone())),
                     None => {
-                        pnotes.push(format!("hot spare {i} of pool '{}' was not found; it is dropped", sb.name));
+                        pnotes.push(format!(
+                            "hot spare {i} of pool '{}' was not found; it is dropped",
+                            sb.name
+                        ));
                         lost_spares.push(i);
                     }
                 }
@@ -552,7 +579,12 @@ impl Pool {
     }
 
     pub fn spare_paths(&self) -> Vec<PathBuf> {
-        self.meta.spares.lock().iter().map(|s| s.1.clone()).collect()
+        self.meta
+            .spares
+            .lock()
+            .iter()
+            .map(|s| s.1.clone())
+            .collect()
     }
 
     pub fn superblock(&self) -> Superblock {
@@ -613,7 +645,11 @@ impl Pool {
         for (i, s) in self.array.member_states().into_iter().enumerate() {
             copy.table[i].1 = s;
         }
-        if self.array.member_states().contains(&MemberState::Rebuilding) {
+        if self
+            .array
+            .member_states()
+            .contains(&MemberState::Rebuilding)
+        {
             copy.rebuild_checkpoint = self.rebuild_checkpoint();
         }
         self.meta
@@ -627,7 +663,13 @@ impl Pool {
     /// Erases the superblocks of every member, so the drives no longer form a pool.
     pub fn destroy(self) -> Result<()> {
         let zero = AlignedBuf::zeroed(2 * SLOT_BYTES);
-        let spares: Vec<Arc<dyn Drive>> = self.meta.spares.lock().iter().map(|s| s.0.clone()).collect();
+        let spares: Vec<Arc<dyn Drive>> = self
+            .meta
+            .spares
+            .lock()
+            .iter()
+            .map(|s| s.0.clone())
+            .collect();
         for d in self.array.drives().iter().chain(spares.iter()) {
             if d.size_bytes() > 0 {
                 d.write_at(&zero, 0)
@@ -643,7 +685,10 @@ impl Pool {
             return "offline".into();
         }
         let states = self.array.member_states();
-        if states.iter().all(|s| matches!(s, MemberState::Online | MemberState::Spare)) {
+        if states
+            .iter()
+            .all(|s| matches!(s, MemberState::Online | MemberState::Spare))
+        {
             "online".into()
         } else if states.contains(&MemberState::Rebuilding) {
             "rebuilding".into()
@@ -682,7 +727,11 @@ impl Pool {
                     group: i / geo.group,
                 })
                 .collect(),
-            spares: self.spare_paths().iter().map(|p| p.display().to_string()).collect(),
+            spares: self
+                .spare_paths()
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect(),
             rebuild: states.contains(&MemberState::Rebuilding).then(|| {
                 let done = self.rebuild_checkpoint();
                 RebuildInfo {
@@ -733,7 +782,9 @@ impl Pool {
         let m = self.slot_of(path)?;
         let st = self.array.member_state(m);
         if !matches!(st, MemberState::Online | MemberState::Rebuilding) {
-            return err(format!("{} is already out of service ({st:?})", path.display()).to_lowercase());
+            return err(
+                format!("{} is already out of service ({st:?})", path.display()).to_lowercase(),
+            );
         }
         if !self.survives_losing(m) {
             return err(format!(
@@ -742,15 +793,23 @@ impl Pool {
                 self.name()
             ));
         }
-        self.array.fail_member(m, &io::Error::other("taken out of service by the admin"));
+        self.array
+            .fail_member(m, &io::Error::other("taken out of service by the admin"));
         let now = self.member_paths()[m].clone();
         Ok(match now {
-            Some(p) if p != path && self.array.member_state(m) == MemberState::Rebuilding => format!(
-                "{} failed; hot spare {} took its place and needs rebuilding",
+            Some(p) if p != path && self.array.member_state(m) == MemberState::Rebuilding => {
+                format!(
+                    "{} failed; hot spare {} took its place and needs rebuilding",
+                    path.display(),
+                    p.display()
+                )
+            }
+            _ => format!(
+                "{} failed; pool '{}' is {}",
                 path.display(),
-                p.display()
+                self.name(),
+                self.state()
             ),
-            _ => format!("{} failed; pool '{}' is {}", path.display(), self.name(), self.state()),
         })
     }
 
@@ -758,10 +817,15 @@ impl Pool {
     fn claim(&self, path: &Path, force: bool) -> Result<Arc<dyn Drive>> {
         let spares = self.spare_paths();
         if self.slot_of(path).is_ok() || spares.iter().any(|s| absolute(s) == absolute(path)) {
-            return err(format!("{} is already part of pool '{}'", path.display(), self.name()));
+            return err(format!(
+                "{} is already part of pool '{}'",
+                path.display(),
+                self.name()
+            ));
         }
         let d: Arc<dyn Drive> = Arc::new(
-            FileDrive::open(path).map_err(|e| PoolError(format!("cannot open {}: {e}", path.display())))?,
+            FileDrive::open(path)
+                .map_err(|e| PoolError(format!("cannot open {}: {e}", path.display())))?,
         );
         let sb = self.superblock();
         let need = sb.data_offset + sb.member_data_bytes;
@@ -784,7 +848,10 @@ impl Pool {
                     ))
                 }
                 Ok(Err(SbError::Corrupt(why))) => {
-                    return err(format!("{} carries {why}; pass --force to overwrite it", path.display()))
+                    return err(format!(
+                        "{} carries {why}; pass --force to overwrite it",
+                        path.display()
+                    ))
                 }
                 _ => {}
             }
@@ -816,17 +883,26 @@ impl Pool {
                 .map_err(|e| PoolError(format!("cannot record the spare: {e}")))?;
             *sb = copy;
         }
-        let out = (0..self.array.geometry().members)
-            .find(|&m| matches!(self.array.member_state(m), MemberState::Faulty | MemberState::Missing));
+        let out = (0..self.array.geometry().members).find(|&m| {
+            matches!(
+                self.array.member_state(m),
+                MemberState::Faulty | MemberState::Missing
+            )
+        });
         if let Some(m) = out {
-            self.meta.member_failed(m, &io::Error::other("out of service"));
+            self.meta
+                .member_failed(m, &io::Error::other("out of service"));
             return Ok(format!(
                 "{} added as a hot spare and put in place of member {m}, which was out of service; rebuild it with `millrace pool rebuild {}`",
                 path.display(),
                 self.name()
             ));
         }
-        Ok(format!("{} added as a hot spare of pool '{}'", path.display(), self.name()))
+        Ok(format!(
+            "{} added as a hot spare of pool '{}'",
+            path.display(),
+            self.name()
+        ))
     }
 
     /// Puts `new` in place of member `old` and marks it for rebuilding. A member still in
@@ -834,7 +910,10 @@ impl Pool {
     pub fn replace(&self, old: &Path, new: &Path, force: bool) -> Result<String> {
         let m = self.slot_of(old)?;
         let d = self.claim(new, force)?;
-        if matches!(self.array.member_state(m), MemberState::Online | MemberState::Rebuilding) {
+        if matches!(
+            self.array.member_state(m),
+            MemberState::Online | MemberState::Rebuilding
+        ) {
             if !self.survives_losing(m) {
                 return err(format!(
                     "replacing {} would take pool '{}' offline while the new drive is rebuilt",
@@ -844,7 +923,8 @@ impl Pool {
             }
             // Out of service first (this records it), without handing the slot to a spare.
             let spares = std::mem::take(&mut *self.meta.spares.lock());
-            self.array.fail_member(m, &io::Error::other("being replaced by the admin"));
+            self.array
+                .fail_member(m, &io::Error::other("being replaced by the admin"));
             *self.meta.spares.lock() = spares;
         }
         let mut sb = self.meta.sb.lock();
@@ -857,7 +937,12 @@ impl Pool {
             .commit(&mut copy)
             .map_err(|e| PoolError(format!("cannot record the replacement: {e}")))?;
         *sb = copy;
-        Ok(format!("{} replaces {} in pool '{}'", new.display(), old.display(), sb.name))
+        Ok(format!(
+            "{} replaces {} in pool '{}'",
+            new.display(),
+            old.display(),
+            sb.name
+        ))
     }
 
     /// The lowest row not yet rebuilt on any rebuilding member.
@@ -870,8 +955,9 @@ impl Pool {
     /// the superblocks about every second, so an interrupted rebuild resumes there.
     pub fn rebuild(&self, rate: Option<u64>, mut progress: impl FnMut(u64, u64)) -> Result<bool> {
         let geo = *self.array.geometry();
-        let targets: Vec<usize> =
-            (0..geo.members).filter(|&m| self.array.member_state(m) == MemberState::Rebuilding).collect();
+        let targets: Vec<usize> = (0..geo.members)
+            .filter(|&m| self.array.member_state(m) == MemberState::Rebuilding)
+            .collect();
         if targets.is_empty() {
             return Ok(false);
         }
@@ -882,14 +968,19 @@ impl Pool {
         let row_bytes = geo.strip * targets.len() as u64;
         for row in start..geo.rows() {
             self.array.rebuild_row(row)?;
-            if let Some(&m) = targets.iter().find(|&&m| self.array.member_state(m) != MemberState::Rebuilding) {
+            if let Some(&m) = targets
+                .iter()
+                .find(|&&m| self.array.member_state(m) != MemberState::Rebuilding)
+            {
                 return err(format!(
                     "the rebuild stopped: member {m} ({}) failed while being rebuilt; replace it with `millrace pool replace`",
                     self.member_paths()[m].as_ref().map(|p| p.display().to_string()).unwrap_or_default()
                 ));
             }
             if let Some(rate) = rate.filter(|&r| r > 0) {
-                let due = std::time::Duration::from_secs_f64((row + 1 - start) as f64 * row_bytes as f64 / rate as f64);
+                let due = std::time::Duration::from_secs_f64(
+                    (row + 1 - start) as f64 * row_bytes as f64 / rate as f64,
+                );
                 if let Some(wait) = due.checked_sub(t0.elapsed()) {
                     std::thread::sleep(wait);
                 }
@@ -923,7 +1014,11 @@ impl Pool {
     }
 
     /// Checks every row's redundancy; with `repair`, fixes what it finds.
-    pub fn scrub(&self, repair: bool, mut progress: impl FnMut(u64, u64)) -> Result<crate::engine::ScrubReport> {
+    pub fn scrub(
+        &self,
+        repair: bool,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<crate::engine::ScrubReport> {
         if repair {
             self.mark_dirty()?;
         }
@@ -986,7 +1081,12 @@ impl Cache {
         let tmp = home.join("pools.json.tmp");
         std::fs::write(&tmp, serde_json::to_vec_pretty(self).unwrap())
             .and_then(|_| std::fs::rename(&tmp, Self::file(home)))
-            .map_err(|e| PoolError(format!("cannot write the pool cache in {}: {e}", home.display())))
+            .map_err(|e| {
+                PoolError(format!(
+                    "cannot write the pool cache in {}: {e}",
+                    home.display()
+                ))
+            })
     }
 
     pub fn remember(&mut self, pool: &Pool) {

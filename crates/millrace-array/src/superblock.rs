@@ -214,7 +214,7 @@ impl Superblock {
             table,
         };
         sb.geometry().map_err(SbError::Corrupt)?;
-        if sb.data_offset < SLOT_BYTES as u64 * SLOTS || sb.data_offset % 4096 != 0 {
+        if sb.data_offset < SLOT_BYTES as u64 * SLOTS || !sb.data_offset.is_multiple_of(4096) {
             return Err(SbError::Corrupt(format!(
                 "data offset {} overlaps the superblocks or is not 4 KiB aligned",
                 sb.data_offset
@@ -310,10 +310,7 @@ mod tests {
 
     #[test]
     fn blank_is_not_millrace() {
-        assert_eq!(
-            Superblock::decode(&[0u8; 4096]),
-            Err(SbError::NotMillrace)
-        );
+        assert_eq!(Superblock::decode(&[0u8; 4096]), Err(SbError::NotMillrace));
     }
 
     #[test]

@@ -41,7 +41,12 @@ fn run(level: Level, n: usize, group: Option<usize>, steps: &[Step]) -> Result<(
                 let len = len.min(size - off);
                 let mut buf = vec![0u8; len];
                 r.array.read_at(off as u64, &mut buf).unwrap();
-                prop_assert!(buf == model[off..off + len], "read {}+{} differs from the model", off, len);
+                prop_assert!(
+                    buf == model[off..off + len],
+                    "read {}+{} differs from the model",
+                    off,
+                    len
+                );
             }
             Step::Flush => r.array.flush().unwrap(),
         }
@@ -49,7 +54,10 @@ fn run(level: Level, n: usize, group: Option<usize>, steps: &[Step]) -> Result<(
     let mut all = vec![0u8; size];
     r.array.read_at(0, &mut all).unwrap();
     prop_assert!(all == model, "whole-pool read differs from the model");
-    prop_assert!(r.logical_from_drives() == model, "the drives' layout differs from md's left-symmetric layout");
+    prop_assert!(
+        r.logical_from_drives() == model,
+        "the drives' layout differs from md's left-symmetric layout"
+    );
     if let Err(e) = r.check_redundancy() {
         return Err(TestCaseError::fail(e));
     }
@@ -58,7 +66,10 @@ fn run(level: Level, n: usize, group: Option<usize>, steps: &[Step]) -> Result<(
 
 fn cfg() -> ProptestConfig {
     ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(64),
         ..ProptestConfig::default()
     }
 }
@@ -88,7 +99,11 @@ proptest! {
 /// stripe update racing with others on its stripe. Without stripe locks parity goes wrong.
 #[test]
 fn concurrent_partial_writes_keep_parity_right() {
-    for (level, n, g) in [(Level::Raid5, 4, None), (Level::Raid6, 6, None), (Level::Raid60, 8, Some(4))] {
+    for (level, n, g) in [
+        (Level::Raid5, 4, None),
+        (Level::Raid6, 6, None),
+        (Level::Raid60, 8, Some(4)),
+    ] {
         let r = rig(level, n, g, 4096, 16);
         let size = r.array.size_bytes() as usize;
         let sectors = size / 4096;
@@ -108,12 +123,14 @@ fn concurrent_partial_writes_keep_parity_right() {
         });
         let mut want = vec![0u8; size];
         for sec in 0..sectors {
-            want[sec * 4096..(sec + 1) * 4096].copy_from_slice(&pattern(2 * 1_000_003 + sec as u64, 4096));
+            want[sec * 4096..(sec + 1) * 4096]
+                .copy_from_slice(&pattern(2 * 1_000_003 + sec as u64, 4096));
         }
         let mut got = vec![0u8; size];
         r.array.read_at(0, &mut got).unwrap();
         assert!(got == want, "{level}: data differs after concurrent writes");
-        r.check_redundancy().unwrap_or_else(|e| panic!("{level}: {e}"));
+        r.check_redundancy()
+            .unwrap_or_else(|e| panic!("{level}: {e}"));
     }
 }
 
@@ -139,7 +156,14 @@ fn degraded_reads_and_writes_match_the_model() {
         let mut got = vec![0u8; size];
         r.array.read_at(0, &mut got).unwrap();
         assert!(got == model, "{level}: degraded read differs");
-        for (i, (off, len)) in [(100usize, 5000usize), (4096 * 3, 4096), (size / 2 + 7, 30_000)].into_iter().enumerate() {
+        for (i, (off, len)) in [
+            (100usize, 5000usize),
+            (4096 * 3, 4096),
+            (size / 2 + 7, 30_000),
+        ]
+        .into_iter()
+        .enumerate()
+        {
             let len = len.min(size - off);
             let d = pattern(100 + i as u64, len);
             r.array.write_at(off as u64, &d).unwrap();

@@ -37,14 +37,21 @@ fn chunk_bytes(full_stripe: u64) -> usize {
 
 pub fn run(home: &Path, cmd: IoCmd) -> Result<()> {
     match cmd {
-        IoCmd::Write { pool, offset, input } => {
+        IoCmd::Write {
+            pool,
+            offset,
+            input,
+        } => {
             let p = Cache::load(home)?.open(&pool)?;
             let size = p.array().size_bytes();
             if offset > size {
                 bail!("offset {offset} lies past the end of pool '{pool}' ({size} bytes)");
             }
             let mut src: Box<dyn Read> = match &input {
-                Some(f) => Box::new(std::fs::File::open(f).with_context(|| format!("cannot open {}", f.display()))?),
+                Some(f) => Box::new(
+                    std::fs::File::open(f)
+                        .with_context(|| format!("cannot open {}", f.display()))?,
+                ),
                 None => Box::new(std::io::stdin().lock()),
             };
             let mut buf = vec![0u8; chunk_bytes(p.array().geometry().full_stripe_bytes())];
@@ -75,14 +82,24 @@ pub fn run(home: &Path, cmd: IoCmd) -> Result<()> {
             eprintln!("wrote {} bytes at offset {offset}", pos - offset);
             Ok(())
         }
-        IoCmd::Read { pool, offset, length, output } => {
+        IoCmd::Read {
+            pool,
+            offset,
+            length,
+            output,
+        } => {
             let p = Cache::load(home)?.open(&pool)?;
             let size = p.array().size_bytes();
             if offset.checked_add(length).is_none_or(|e| e > size) {
-                bail!("the range {offset}+{length} lies past the end of pool '{pool}' ({size} bytes)");
+                bail!(
+                    "the range {offset}+{length} lies past the end of pool '{pool}' ({size} bytes)"
+                );
             }
             let mut dst: Box<dyn Write> = match &output {
-                Some(f) => Box::new(std::fs::File::create(f).with_context(|| format!("cannot create {}", f.display()))?),
+                Some(f) => Box::new(
+                    std::fs::File::create(f)
+                        .with_context(|| format!("cannot create {}", f.display()))?,
+                ),
                 None => Box::new(std::io::stdout().lock()),
             };
             let mut buf = vec![0u8; chunk_bytes(p.array().geometry().full_stripe_bytes())];
@@ -90,7 +107,8 @@ pub fn run(home: &Path, cmd: IoCmd) -> Result<()> {
             while done < length {
                 let n = (length - done).min(buf.len() as u64) as usize;
                 p.read_at(offset + done, &mut buf[..n])?;
-                dst.write_all(&buf[..n]).context("cannot write the output")?;
+                dst.write_all(&buf[..n])
+                    .context("cannot write the output")?;
                 done += n as u64;
             }
             dst.flush()?;

@@ -18,7 +18,12 @@ use clap::{Parser, Subcommand};
 )]
 struct Cli {
     /// Where Millrace keeps its small state (the cache of known pools).
-    #[arg(long, global = true, env = "MILLRACE_HOME", default_value = "millrace-data")]
+    #[arg(
+        long,
+        global = true,
+        env = "MILLRACE_HOME",
+        default_value = "millrace-data"
+    )]
     home: PathBuf,
     /// More log output (-v info, -vv debug).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]

@@ -9,7 +9,9 @@ use crate::format::{human, parse_bytes, table};
 #[derive(Subcommand)]
 pub enum PoolCmd {
     /// Create a pool from drives (block devices or files).
-    #[command(after_help = "Example:\n  millrace pool create tank --level raid6 --strip 64k --create 2G ./drives/d{0..7}.img")]
+    #[command(
+        after_help = "Example:\n  millrace pool create tank --level raid6 --strip 64k --create 2G ./drives/d{0..7}.img"
+    )]
     Create {
         /// The pool's name.
         name: String,
@@ -57,10 +59,7 @@ pub enum PoolCmd {
         json: bool,
     },
     /// Take a member out of service, as a drive failure would (refused if the pool would go offline).
-    Fail {
-        name: String,
-        drive: PathBuf,
-    },
+    Fail { name: String, drive: PathBuf },
     /// Manage hot spares.
     #[command(subcommand)]
     Spare(SpareCmd),
@@ -129,7 +128,11 @@ fn rebuild(pool: &Pool, rate: Option<u64>) -> Result<()> {
             pool.state()
         );
     } else {
-        println!("nothing to rebuild in pool '{}' ({})", pool.name(), pool.state());
+        println!(
+            "nothing to rebuild in pool '{}' ({})",
+            pool.name(),
+            pool.state()
+        );
     }
     Ok(())
 }
@@ -162,7 +165,13 @@ pub fn run(home: &Path, cmd: PoolCmd) -> Result<()> {
             pool.close()?;
             Ok(())
         }
-        PoolCmd::Replace { name, old, new, force, rate } => {
+        PoolCmd::Replace {
+            name,
+            old,
+            new,
+            force,
+            rate,
+        } => {
             let pool = Cache::load(home)?.open(&name)?;
             println!("{}", pool.replace(&old, &new, force)?);
             let mut cache = Cache::load(home)?;
@@ -180,7 +189,11 @@ pub fn run(home: &Path, cmd: PoolCmd) -> Result<()> {
         }
         PoolCmd::Scrub { name, repair, json } => {
             let pool = Cache::load(home)?.open(&name)?;
-            let bar = progress_bar(if repair { "scrubbing and repairing" } else { "scrubbing" });
+            let bar = progress_bar(if repair {
+                "scrubbing and repairing"
+            } else {
+                "scrubbing"
+            });
             let rep = pool.scrub(repair, |done, total| {
                 bar.set_length(total);
                 bar.set_position(done);
@@ -190,7 +203,13 @@ pub fn run(home: &Path, cmd: PoolCmd) -> Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&rep)?);
             } else {
-                let mut t = table(&["rows checked", "mismatches", "located (raid6)", "repaired", "skipped (degraded)"]);
+                let mut t = table(&[
+                    "rows checked",
+                    "mismatches",
+                    "located (raid6)",
+                    "repaired",
+                    "skipped (degraded)",
+                ]);
                 t.add_row(vec![
                     rep.rows_checked.to_string(),
                     rep.mismatches.to_string(),
@@ -263,7 +282,10 @@ pub fn run(home: &Path, cmd: PoolCmd) -> Result<()> {
                 eprintln!("note: {n}");
             }
             if pools.is_empty() {
-                bail!("no Millrace pool was found on the {} drives given", drives.len());
+                bail!(
+                    "no Millrace pool was found on the {} drives given",
+                    drives.len()
+                );
             }
             let mut cache = Cache::load(home)?;
             let mut infos = Vec::new();
@@ -279,14 +301,22 @@ pub fn run(home: &Path, cmd: PoolCmd) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&infos)?);
             } else {
                 for i in &infos {
-                    println!("imported pool '{}' ({}, {}, {})", i.name, i.level, human(i.size_bytes), i.state);
+                    println!(
+                        "imported pool '{}' ({}, {}, {})",
+                        i.name,
+                        i.level,
+                        human(i.size_bytes),
+                        i.state
+                    );
                 }
             }
             Ok(())
         }
         PoolCmd::Destroy { name, yes } => {
             if !yes {
-                bail!("destroying pool '{name}' erases it for good; run again with --yes to confirm");
+                bail!(
+                    "destroying pool '{name}' erases it for good; run again with --yes to confirm"
+                );
             }
             let mut cache = Cache::load(home)?;
             let pool = cache.open(&name)?;
@@ -316,7 +346,15 @@ fn print_pool(i: &PoolInfo, json: bool) -> Result<()> {
         return Ok(());
     }
     println!("pool {}  ({})", i.name, i.uuid);
-    let mut t = table(&["size", "level", "drives", "group size", "strip", "full stripe", "state"]);
+    let mut t = table(&[
+        "size",
+        "level",
+        "drives",
+        "group size",
+        "strip",
+        "full stripe",
+        "state",
+    ]);
     t.add_row(vec![
         human(i.size_bytes),
         i.level.to_string(),
@@ -326,7 +364,15 @@ fn print_pool(i: &PoolInfo, json: bool) -> Result<()> {
         human(i.full_stripe_bytes),
         match &i.rebuild {
             Some(r) => format!("{} {:.0}%", i.state, r.percent),
-            None => format!("{}{}", i.state, if i.clean { "" } else { " (in use or not shut down cleanly)" }),
+            None => format!(
+                "{}{}",
+                i.state,
+                if i.clean {
+                    ""
+                } else {
+                    " (in use or not shut down cleanly)"
+                }
+            ),
         },
     ]);
     println!("{t}");
@@ -368,7 +414,10 @@ fn list(home: &Path, json: bool) -> Result<()> {
         return Ok(());
     }
     if infos.is_empty() {
-        println!("no pools known in {} (create one with `millrace pool create`)", home.display());
+        println!(
+            "no pools known in {} (create one with `millrace pool create`)",
+            home.display()
+        );
         return Ok(());
     }
     let mut t = table(&["name", "level", "drives", "size", "state"]);
@@ -381,7 +430,13 @@ fn list(home: &Path, json: bool) -> Result<()> {
                 human(i.size_bytes),
                 i.state.clone(),
             ]),
-            Err((n, e)) => t.add_row(vec![n.clone(), "-".into(), "-".into(), "-".into(), format!("unavailable: {e}")]),
+            Err((n, e)) => t.add_row(vec![
+                n.clone(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                format!("unavailable: {e}"),
+            ]),
         };
     }
     println!("{t}");

@@ -14,7 +14,9 @@ fn millrace(home: &Path) -> Command {
 }
 
 fn drives(dir: &Path, n: usize) -> Vec<PathBuf> {
-    (0..n).map(|i| dir.join(format!("drives/d{i}.img"))).collect()
+    (0..n)
+        .map(|i| dir.join(format!("drives/d{i}.img")))
+        .collect()
 }
 
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
@@ -31,7 +33,9 @@ fn pattern(len: usize, seed: u32) -> Vec<u8> {
 
 fn create(dir: &Path, name: &str, level: &str, extra: &[&str], ds: &[PathBuf]) -> Value {
     let mut c = millrace(dir);
-    c.args(["pool", "create", name, "--level", level, "--strip", "64k", "--create", "64M", "--json"]);
+    c.args([
+        "pool", "create", name, "--level", level, "--strip", "64k", "--create", "64M", "--json",
+    ]);
     c.args(extra);
     c.args(ds);
     let out = c.assert().success().get_output().stdout.clone();
@@ -43,7 +47,17 @@ fn create_write_read_show_import() {
     let t = tempfile::tempdir().unwrap();
     let ds = drives(t.path(), 6);
     let info = create(t.path(), "tank", "raid6", &[], &ds);
-    for key in ["name", "uuid", "level", "strip_bytes", "group_size", "size_bytes", "full_stripe_bytes", "state", "members"] {
+    for key in [
+        "name",
+        "uuid",
+        "level",
+        "strip_bytes",
+        "group_size",
+        "size_bytes",
+        "full_stripe_bytes",
+        "state",
+        "members",
+    ] {
         assert!(info.get(key).is_some(), "pool show --json lacks {key}");
     }
     assert_eq!(info["level"], "raid6");
@@ -62,11 +76,15 @@ fn create_write_read_show_import() {
     let data = pattern(1_000_003, 1);
     std::fs::write(t.path().join("in.bin"), &data).unwrap();
     millrace(t.path())
-        .args(["io", "write", "tank", "--offset", "12345", "--input", "in.bin"])
+        .args([
+            "io", "write", "tank", "--offset", "12345", "--input", "in.bin",
+        ])
         .assert()
         .success();
     let out = millrace(t.path())
-        .args(["io", "read", "tank", "--offset", "12345", "--length", "1000003"])
+        .args([
+            "io", "read", "tank", "--offset", "12345", "--length", "1000003",
+        ])
         .assert()
         .success()
         .get_output()
@@ -105,9 +123,13 @@ fn create_write_read_show_import() {
         .stderr(contains("no pool named 'tank'"));
     let mut c = millrace(t.path());
     c.args(["pool", "import"]).args(&ds);
-    c.assert().success().stdout(contains("imported pool 'tank'"));
+    c.assert()
+        .success()
+        .stdout(contains("imported pool 'tank'"));
     let out = millrace(t.path())
-        .args(["io", "read", "tank", "--offset", "12345", "--length", "1000003"])
+        .args([
+            "io", "read", "tank", "--offset", "12345", "--length", "1000003",
+        ])
         .assert()
         .success()
         .get_output()
@@ -141,7 +163,9 @@ fn every_level_round_trips_through_the_cli() {
             .assert()
             .success();
         let out = millrace(t.path())
-            .args(["io", "read", &name, "--offset", "4097", "--length", "300000"])
+            .args([
+                "io", "read", &name, "--offset", "4097", "--length", "300000",
+            ])
             .assert()
             .success()
             .get_output()
@@ -149,7 +173,11 @@ fn every_level_round_trips_through_the_cli() {
             .clone();
         assert!(out == data, "{level}: read back differs");
     }
-    millrace(t.path()).args(["status"]).assert().success().stdout(contains("raid60"));
+    millrace(t.path())
+        .args(["status"])
+        .assert()
+        .success()
+        .stdout(contains("raid60"));
 }
 
 fn snapshot(paths: &[PathBuf]) -> Vec<Option<Vec<u8>>> {
@@ -165,29 +193,85 @@ fn bad_input_is_refused_and_nothing_is_written() {
     let before = snapshot(&ds);
 
     let cases: Vec<(Vec<String>, &str)> = vec![
-        (vec!["--level", "raid6", "a", "b", "c"].into_iter().map(String::from).collect(), "at least 4 drives"),
-        (vec!["--level", "raid7", "a"].into_iter().map(String::from).collect(), "unknown RAID level"),
-        (vec!["--level", "raid5", "--strip", "3000", "a", "b", "c"].into_iter().map(String::from).collect(), "power of two"),
-        (vec!["--level".into(), "raid50".into(), "--group".into(), "3".into(), ds[3].display().to_string(), "x1".into(), "x2".into(), "x3".into(), "x4".into(), "x5".into(), "x6".into(), "x7".into()], "does not divide"),
-        (vec!["--level".into(), "raid1".into(), ds[3].display().to_string(), ds[3].display().to_string()], "given twice"),
-        (vec!["--level".into(), "raid1".into(), ds[3].display().to_string(), ds[0].display().to_string()], "already belongs to pool 'first'"),
+        (
+            vec!["--level", "raid6", "a", "b", "c"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            "at least 4 drives",
+        ),
+        (
+            vec!["--level", "raid7", "a"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            "unknown RAID level",
+        ),
+        (
+            vec!["--level", "raid5", "--strip", "3000", "a", "b", "c"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            "power of two",
+        ),
+        (
+            vec![
+                "--level".into(),
+                "raid50".into(),
+                "--group".into(),
+                "3".into(),
+                ds[3].display().to_string(),
+                "x1".into(),
+                "x2".into(),
+                "x3".into(),
+                "x4".into(),
+                "x5".into(),
+                "x6".into(),
+                "x7".into(),
+            ],
+            "does not divide",
+        ),
+        (
+            vec![
+                "--level".into(),
+                "raid1".into(),
+                ds[3].display().to_string(),
+                ds[3].display().to_string(),
+            ],
+            "given twice",
+        ),
+        (
+            vec![
+                "--level".into(),
+                "raid1".into(),
+                ds[3].display().to_string(),
+                ds[0].display().to_string(),
+            ],
+            "already belongs to pool 'first'",
+        ),
     ];
     for (args, want) in cases {
         let mut c = millrace(t.path());
-        c.args(["pool", "create", "second", "--create", "64M"]).args(&args);
+        c.args(["pool", "create", "second", "--create", "64M"])
+            .args(&args);
         c.assert().failure().stderr(contains(want));
     }
     // Nothing was written to any drive, and no stray drive files were made.
     assert!(snapshot(&ds) == before, "a refused create changed a drive");
     for x in ["a", "b", "c", "x1", "x5"] {
-        assert!(!t.path().join(x).exists(), "a refused create left {x} behind");
+        assert!(
+            !t.path().join(x).exists(),
+            "a refused create left {x} behind"
+        );
     }
 
     // A drive too small for its metadata and one strip.
     let small = t.path().join("small.img");
     std::fs::write(&small, vec![0u8; 100 << 10]).unwrap();
     let mut c = millrace(t.path());
-    c.args(["pool", "create", "second", "--level", "raid1"]).arg(&small).arg(&ds[3]);
+    c.args(["pool", "create", "second", "--level", "raid1"])
+        .arg(&small)
+        .arg(&ds[3]);
     c.assert().failure().stderr(contains("too small"));
     assert!(snapshot(&ds) == before);
     assert!(std::fs::read(&small).unwrap().iter().all(|&b| b == 0));
@@ -198,7 +282,11 @@ fn bad_input_is_refused_and_nothing_is_written() {
     std::fs::write(&ds[3], &foreign).unwrap();
     let f = t.path().join("f.img");
     let mut c = millrace(t.path());
-    c.args(["pool", "create", "second", "--level", "raid1", "--create", "64M"]).arg(&ds[3]).arg(&f);
+    c.args([
+        "pool", "create", "second", "--level", "raid1", "--create", "64M",
+    ])
+    .arg(&ds[3])
+    .arg(&f);
     c.assert().failure().stderr(contains("not blank"));
 
     // Reads past the end and unknown pools.
@@ -229,7 +317,13 @@ fn stale_and_corrupt_members_are_reported_not_trusted() {
     std::fs::write(&ds[1], &old).unwrap();
     let mut c = millrace(t.path());
     c.args(["pool", "import", "--json"]).args(&ds);
-    let out = c.assert().success().stderr(contains("stale")).get_output().stdout.clone();
+    let out = c
+        .assert()
+        .success()
+        .stderr(contains("stale"))
+        .get_output()
+        .stdout
+        .clone();
     let v: Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(v[0]["members"][1]["state"], "faulty");
     assert_eq!(v[0]["state"], "degraded");

@@ -29,13 +29,27 @@ fn pattern(len: usize, seed: u32) -> Vec<u8> {
 }
 
 fn show(dir: &Path, name: &str) -> Value {
-    let out = millrace(dir).args(["pool", "show", name, "--json"]).assert().success().get_output().stdout.clone();
+    let out = millrace(dir)
+        .args(["pool", "show", name, "--json"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
     serde_json::from_slice(&out).unwrap()
 }
 
 fn read_back(dir: &Path, name: &str, off: u64, len: usize) -> Vec<u8> {
     millrace(dir)
-        .args(["io", "read", name, "--offset", &off.to_string(), "--length", &len.to_string()])
+        .args([
+            "io",
+            "read",
+            name,
+            "--offset",
+            &off.to_string(),
+            "--length",
+            &len.to_string(),
+        ])
         .assert()
         .success()
         .get_output()
@@ -46,10 +60,27 @@ fn read_back(dir: &Path, name: &str, off: u64, len: usize) -> Vec<u8> {
 fn setup(dir: &Path, n: usize, size: &str) -> (Vec<PathBuf>, Vec<u8>) {
     let ds: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("d{i}.img"))).collect();
     let mut c = millrace(dir);
-    c.args(["pool", "create", "tank", "--level", "raid6", "--strip", "64k", "--create", size, "--data-offset", "1M"]).args(&ds);
+    c.args([
+        "pool",
+        "create",
+        "tank",
+        "--level",
+        "raid6",
+        "--strip",
+        "64k",
+        "--create",
+        size,
+        "--data-offset",
+        "1M",
+    ])
+    .args(&ds);
     c.assert().success();
     let data = pattern(3_000_000, 5);
-    millrace(dir).args(["io", "write", "tank", "--offset", "777"]).write_stdin(data.clone()).assert().success();
+    millrace(dir)
+        .args(["io", "write", "tank", "--offset", "777"])
+        .write_stdin(data.clone())
+        .assert()
+        .success();
     (ds, data)
 }
 
@@ -59,14 +90,26 @@ fn fail_spare_replace_rebuild_scrub() {
     let dir = t.path();
     let (ds, data) = setup(dir, 6, "32M");
 
-    millrace(dir).args(["pool", "fail", "tank"]).arg(&ds[2]).assert().success().stdout(contains("degraded"));
+    millrace(dir)
+        .args(["pool", "fail", "tank"])
+        .arg(&ds[2])
+        .assert()
+        .success()
+        .stdout(contains("degraded"));
     let v = show(dir, "tank");
     assert_eq!(v["state"], "degraded");
     assert_eq!(v["members"][2]["state"], "faulty");
-    assert!(read_back(dir, "tank", 777, data.len()) == data, "degraded read differs");
+    assert!(
+        read_back(dir, "tank", 777, data.len()) == data,
+        "degraded read differs"
+    );
     // Writes keep working degraded.
     let more = pattern(200_000, 6);
-    millrace(dir).args(["io", "write", "tank", "--offset", "5000000"]).write_stdin(more.clone()).assert().success();
+    millrace(dir)
+        .args(["io", "write", "tank", "--offset", "5000000"])
+        .write_stdin(more.clone())
+        .assert()
+        .success();
 
     // A spare added while a member is out takes its place and is rebuilt at once.
     millrace(dir)
@@ -84,25 +127,66 @@ fn fail_spare_replace_rebuild_scrub() {
         .stdout(contains("rebuild finished"));
     let v = show(dir, "tank");
     assert_eq!(v["state"], "online");
-    assert!(v["members"][2]["path"].as_str().unwrap().ends_with("s0.img"));
+    assert!(v["members"][2]["path"]
+        .as_str()
+        .unwrap()
+        .ends_with("s0.img"));
 
     // Replace a healthy member; then two failures at once are survived, a third refused.
-    millrace(dir).args(["pool", "replace", "tank"]).arg(&ds[4]).arg(dir.join("n4.img")).assert().failure().stderr(contains("cannot open"));
+    millrace(dir)
+        .args(["pool", "replace", "tank"])
+        .arg(&ds[4])
+        .arg(dir.join("n4.img"))
+        .assert()
+        .failure()
+        .stderr(contains("cannot open"));
     std::fs::write(dir.join("n4.img"), vec![0u8; 32 << 20]).unwrap();
-    millrace(dir).args(["pool", "replace", "tank"]).arg(&ds[4]).arg(dir.join("n4.img")).assert().success();
+    millrace(dir)
+        .args(["pool", "replace", "tank"])
+        .arg(&ds[4])
+        .arg(dir.join("n4.img"))
+        .assert()
+        .success();
     assert_eq!(show(dir, "tank")["state"], "online");
-    millrace(dir).args(["pool", "fail", "tank"]).arg(&ds[0]).assert().success();
-    millrace(dir).args(["pool", "fail", "tank"]).arg(&ds[1]).assert().success();
-    millrace(dir).args(["pool", "fail", "tank"]).arg(&ds[3]).assert().failure().stderr(contains("offline"));
-    assert!(read_back(dir, "tank", 777, data.len()) == data, "read with two drives out differs");
+    millrace(dir)
+        .args(["pool", "fail", "tank"])
+        .arg(&ds[0])
+        .assert()
+        .success();
+    millrace(dir)
+        .args(["pool", "fail", "tank"])
+        .arg(&ds[1])
+        .assert()
+        .success();
+    millrace(dir)
+        .args(["pool", "fail", "tank"])
+        .arg(&ds[3])
+        .assert()
+        .failure()
+        .stderr(contains("offline"));
+    assert!(
+        read_back(dir, "tank", 777, data.len()) == data,
+        "read with two drives out differs"
+    );
     assert!(read_back(dir, "tank", 5_000_000, more.len()) == more);
 
     // Bring it back to full health, then check every stripe.
     for (old, new) in [(0, "n0.img"), (1, "n1.img")] {
         std::fs::write(dir.join(new), vec![0u8; 32 << 20]).unwrap();
-        millrace(dir).args(["pool", "replace", "tank"]).arg(&ds[old]).arg(dir.join(new)).assert().success();
+        millrace(dir)
+            .args(["pool", "replace", "tank"])
+            .arg(&ds[old])
+            .arg(dir.join(new))
+            .assert()
+            .success();
     }
-    let clean = millrace(dir).args(["pool", "scrub", "tank", "--json"]).assert().success().get_output().stdout.clone();
+    let clean = millrace(dir)
+        .args(["pool", "scrub", "tank", "--json"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
     let clean: Value = serde_json::from_slice(&clean).unwrap();
     assert_eq!(clean["mismatches"], 0);
     assert!(clean["rows_checked"].as_u64().unwrap() > 100);
@@ -117,17 +201,41 @@ fn fail_spare_replace_rebuild_scrub() {
         *b ^= 0x5a;
     }
     std::fs::write(&victim, &bytes).unwrap();
-    let rep = millrace(dir).args(["pool", "scrub", "tank", "--json"]).assert().success().get_output().stdout.clone();
+    let rep = millrace(dir)
+        .args(["pool", "scrub", "tank", "--json"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
     let rep: Value = serde_json::from_slice(&rep).unwrap();
     assert_eq!(rep["mismatches"], 1, "{rep}");
-    let rep = millrace(dir).args(["pool", "scrub", "tank", "--repair", "--json"]).assert().success().get_output().stdout.clone();
+    let rep = millrace(dir)
+        .args(["pool", "scrub", "tank", "--repair", "--json"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
     let rep: Value = serde_json::from_slice(&rep).unwrap();
     assert_eq!(rep["repaired"], 1, "{rep}");
-    let rep = millrace(dir).args(["pool", "scrub", "tank", "--json"]).assert().success().get_output().stdout.clone();
+    let rep = millrace(dir)
+        .args(["pool", "scrub", "tank", "--json"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
     let rep: Value = serde_json::from_slice(&rep).unwrap();
     assert_eq!(rep["mismatches"], 0, "{rep}");
-    assert!(std::fs::read(&victim).unwrap()[at..at + 3000] == original[..], "the corrupt strip was not restored");
-    assert!(read_back(dir, "tank", 777, data.len()) == data, "data differs after repair");
+    assert!(
+        std::fs::read(&victim).unwrap()[at..at + 3000] == original[..],
+        "the corrupt strip was not restored"
+    );
+    assert!(
+        read_back(dir, "tank", 777, data.len()) == data,
+        "data differs after repair"
+    );
 }
 
 #[test]
@@ -135,7 +243,11 @@ fn rebuild_killed_with_sigkill_resumes_from_its_checkpoint() {
     let t = tempfile::tempdir().unwrap();
     let dir = t.path();
     let (ds, data) = setup(dir, 5, "64M");
-    millrace(dir).args(["pool", "fail", "tank"]).arg(&ds[1]).assert().success();
+    millrace(dir)
+        .args(["pool", "fail", "tank"])
+        .arg(&ds[1])
+        .assert()
+        .success();
     std::fs::write(dir.join("n1.img"), vec![0u8; 64 << 20]).unwrap();
     // A slow rebuild (4 MiB/s), killed part way.
     let bin = assert_cmd::cargo::cargo_bin("millrace");
@@ -160,13 +272,34 @@ fn rebuild_killed_with_sigkill_resumes_from_its_checkpoint() {
     assert!(done > 0 && done < total, "checkpoint {done} of {total}");
     // Reads are right while half rebuilt.
     assert!(read_back(dir, "tank", 777, data.len()) == data);
-    millrace(dir).args(["pool", "rebuild", "tank"]).assert().success().stdout(contains("rebuild finished"));
+    millrace(dir)
+        .args(["pool", "rebuild", "tank"])
+        .assert()
+        .success()
+        .stdout(contains("rebuild finished"));
     assert_eq!(show(dir, "tank")["state"], "online");
-    let rep = millrace(dir).args(["pool", "scrub", "tank", "--json"]).assert().success().get_output().stdout.clone();
+    let rep = millrace(dir)
+        .args(["pool", "scrub", "tank", "--json"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
     let rep: Value = serde_json::from_slice(&rep).unwrap();
     assert_eq!(rep["mismatches"], 0, "{rep}");
     // Now the old members alone (without n1) must still hold everything: fail another drive.
-    millrace(dir).args(["pool", "fail", "tank"]).arg(&ds[3]).assert().success();
-    millrace(dir).args(["pool", "fail", "tank"]).arg(&ds[4]).assert().success();
-    assert!(read_back(dir, "tank", 777, data.len()) == data, "the rebuilt drive holds wrong data");
+    millrace(dir)
+        .args(["pool", "fail", "tank"])
+        .arg(&ds[3])
+        .assert()
+        .success();
+    millrace(dir)
+        .args(["pool", "fail", "tank"])
+        .arg(&ds[4])
+        .assert()
+        .success();
+    assert!(
+        read_back(dir, "tank", 777, data.len()) == data,
+        "the rebuilt drive holds wrong data"
+    );
 }

@@ -196,7 +196,7 @@ fn equal_to_isa_l() {
         }
         let mut xb = aligned(k + 1, len);
         for (i, b) in xb.iter_mut().take(k).enumerate() {
-            b.copy_from_slice(&bufs[i]);
+            b.copy_from_slice(bufs[i]);
         }
         let mut xp: Vec<*mut u8> = xb.iter_mut().map(|b| b.as_mut_ptr()).collect();
         assert_eq!(

@@ -48,7 +48,12 @@ pub fn rig(level: Level, n: usize, group: Option<usize>, strip: usize, rows: usi
         .collect();
     let geo = Geometry::new(level, n, group, strip as u64, (strip * rows) as u64).unwrap();
     let drives: Vec<Arc<dyn Drive>> = mems.iter().map(|m| m.clone() as Arc<dyn Drive>).collect();
-    let array = Array::new(geo, data_offset as u64, drives, &vec![MemberState::Online; n]);
+    let array = Array::new(
+        geo,
+        data_offset as u64,
+        drives,
+        &vec![MemberState::Online; n],
+    );
     Rig {
         mems,
         array,
@@ -140,10 +145,16 @@ impl Rig {
                     }
                 }
                 if self.strip_of(&snaps, lay[k], row) != p {
-                    return Err(format!("row {row} group {g}: P on member {} is wrong", lay[k]));
+                    return Err(format!(
+                        "row {row} group {g}: P on member {} is wrong",
+                        lay[k]
+                    ));
                 }
                 if np == 2 && self.strip_of(&snaps, lay[k + 1], row) != q {
-                    return Err(format!("row {row} group {g}: Q on member {} is wrong", lay[k + 1]));
+                    return Err(format!(
+                        "row {row} group {g}: Q on member {} is wrong",
+                        lay[k + 1]
+                    ));
                 }
             }
         }
