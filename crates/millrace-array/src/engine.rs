@@ -102,6 +102,10 @@ pub struct Array {
     rebuilt_rows: Vec<AtomicU64>,
     locks: Vec<Mutex<()>>,
     on_failure: RwLock<Option<FailureHook>>,
+    /// The write-intent bitmap, where the metadata area has room for one.
+    bitmap: Option<crate::bitmap::Bitmap>,
+    /// Serialises journaled (degraded) writes; holds the next record's sequence number.
+    journal: Mutex<u64>,
     pub stats: Stats,
 }
 
@@ -184,8 +188,47 @@ impl Array {
             rebuilt_rows: (0..geo.members).map(|_| AtomicU64::new(0)).collect(),
             locks: (0..LOCK_SHARDS).map(|_| Mutex::new(())).collect(),
             on_failure: RwLock::new(None),
+            bitmap: crate::bitmap::region_rows(geo.rows(), data_offset)
+                .filter(|_| geo.tolerance_per_group() > 0)
+                .map(|rr| crate::bitmap::Bitmap::new(geo.rows(), rr)),
+            journal: Mutex::new(1),
             stats: Stats::default(),
         }
+    }
+
+    pub fn bitmap(&self) -> Option<&crate::bitmap::Bitmap> {
+        self.bitmap.as_ref()
+    }
+
+    fn live_drives(&self) -> Vec<Arc<dyn Drive>> {
+        let d = self.drives.load();
+        (0..self.geo.members)
+            .filter(|&m| self.writable(m))
+            .map(|m| d[m].clone())
+            .collect()
+    }
+
+    /// Row ranges the on-disk bitmaps mark as possibly inconsistent (after a crash).
+    pub fn dirty_rows(&self) -> Vec<std::ops::Range<u64>> {
+        match &self.bitmap {
+            Some(b) => {
+                let rows = self.geo.rows();
+                b.read_dirty(&self.live_drives())
+                    .into_iter()
+                    .map(|r| r.start..r.end.min(rows))
+                    .collect()
+            }
+            None => std::iter::once(0..self.geo.rows()).collect(),
+        }
+    }
+
+    /// Flushes, then clears the write-intent bitmap: everything written so far is consistent.
+    pub fn settle(&self) -> Result<()> {
+        self.flush()?;
+        if let Some(b) = &self.bitmap {
+            b.clear(&self.live_drives());
+        }
+        Ok(())
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -210,6 +253,9 @@ impl Array {
     pub fn install_member(&self, m: usize, drive: Arc<dyn Drive>, rebuilt_rows: u64) {
         if drive.direct() {
             self.direct.store(true, Ordering::Release);
+        }
+        if let Some(b) = &self.bitmap {
+            b.copy_to(&drive);
         }
         let mut v: Vec<Arc<dyn Drive>> = self.drives.load().as_ref().clone();
         v[m] = drive;
@@ -418,6 +464,12 @@ impl Array {
         let a0 = offset / SECTOR * SECTOR;
         let a1 = (offset + data.len() as u64).div_ceil(SECTOR) * SECTOR;
         let _guards = self.lock_rows(a0, a1 - a0);
+        if let Some(b) = &self.bitmap {
+            // The intent is durable before the first byte of the region changes, so a crash
+            // anywhere in this write is found and resynced.
+            let fs = self.geo.full_stripe_bytes();
+            b.mark(a0 / fs, (a1 - 1) / fs, &self.live_drives());
+        }
         if !self.needs_bounce(offset, data) {
             return self.write_sectors(offset, data);
         }
@@ -594,8 +646,31 @@ impl Array {
         Ok(true)
     }
 
-    /// Writes whole sectors; the caller holds the rows' locks.
+    /// Writes whole sectors; the caller holds the rows' locks. While a parity pool is degraded
+    /// every write goes through the journal, so it is cut at row boundaries into pieces whose
+    /// records fit there.
     fn write_sectors(&self, offset: u64, data: &[u8]) -> Result<()> {
+        if self.geo.level.is_parity() && !self.all_online() {
+            let cap = crate::journal::capacity(self.data_offset);
+            // Worst case per row: every member's strip, plus room for the header and table.
+            let rows = cap.saturating_sub(64 << 10) / (self.geo.members as u64 * self.geo.strip);
+            if rows > 0 {
+                let fs = self.geo.full_stripe_bytes();
+                let end = offset + data.len() as u64;
+                let mut pos = offset;
+                while pos < end {
+                    let next = end.min((pos / fs + rows) * fs);
+                    let piece = &data[(pos - offset) as usize..(next - offset) as usize];
+                    self.write_sectors_once(pos, piece)?;
+                    pos = next;
+                }
+                return Ok(());
+            }
+        }
+        self.write_sectors_once(offset, data)
+    }
+
+    fn write_sectors_once(&self, offset: u64, data: &[u8]) -> Result<()> {
         for _ in 0..=self.geo.members {
             if self.try_write(offset, data)? {
                 return Ok(());
@@ -823,6 +898,7 @@ impl Array {
         // Write phase.
         {
             let mut ops: Vec<Op> = Vec::new();
+            let journaled = !self.all_online();
             for u in units.iter() {
                 let (row, lo) = (u.row, u.lo);
                 for w in &u.writes {
@@ -855,7 +931,11 @@ impl Array {
                     }
                 }
             }
-            self.run(&mut ops);
+            if journaled {
+                self.journaled_write(&mut ops)?;
+            } else {
+                self.run(&mut ops);
+            }
         }
         match self.offline_group() {
             Some(e) => Err(e),
@@ -895,6 +975,88 @@ impl Array {
             Some(e) => Err(e),
             None => Ok(true),
         }
+    }
+
+    /// Writes a degraded pool's ops through the journal (see journal.rs): record on every
+    /// member in service, durable; in place, durable; retired.
+    fn journaled_write(&self, ops: &mut [Op]) -> Result<()> {
+        let cap = crate::journal::capacity(self.data_offset);
+        let mut seq = self.journal.lock();
+        let entries: Vec<crate::journal::Entry> = ops
+            .iter()
+            .map(|o| crate::journal::Entry {
+                member: o.member,
+                offset: o.offset,
+                data: match &o.buf {
+                    crate::io::OpBuf::Write(b) => b,
+                    crate::io::OpBuf::Read(_) => &[],
+                },
+            })
+            .collect();
+        let Some(rec) = crate::journal::encode(*seq, &entries, cap) else {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| {
+                tracing::warn!("a degraded write is larger than the journal ({cap} bytes per member); it is written without journaling, so a crash during it is not protected")
+            });
+            self.run(ops);
+            return Ok(());
+        };
+        *seq += 1;
+        let live = self.live_drives();
+        let mut durable = false;
+        for d in &live {
+            durable |= d
+                .write_at(&rec, crate::journal::JOURNAL_OFFSET)
+                .and_then(|_| d.flush())
+                .is_ok();
+        }
+        if !durable {
+            return Err(self.offline_group().unwrap_or(ArrayError::Offline {
+                group: 0,
+                lost: self.geo.members,
+                tolerance: self.geo.tolerance_per_group(),
+            }));
+        }
+        self.run(ops);
+        let members: Vec<usize> = ops.iter().map(|o| o.member).collect();
+        let drives = self.drives.load_full();
+        for m in members {
+            if self.writable(m) {
+                if let Err(e) = drives[m].flush() {
+                    self.fail_member(m, &e);
+                }
+            }
+        }
+        crate::journal::retire(&self.live_drives());
+        Ok(())
+    }
+
+    /// After a crash: writes the newest whole journal record in place again, then retires it.
+    /// Returns whether one was replayed.
+    pub fn replay_journal(&self) -> bool {
+        let cap = crate::journal::capacity(self.data_offset);
+        let live = self.live_drives();
+        let newest = live
+            .iter()
+            .filter_map(|d| crate::journal::read(d.as_ref(), cap, self.geo.members))
+            .max_by_key(|r| r.0);
+        let Some((seq, entries)) = newest else {
+            return false;
+        };
+        let mut bufs: Vec<(usize, u64, AlignedBuf)> = entries
+            .into_iter()
+            .filter(|(m, _, _)| self.writable(*m))
+            .map(|(m, off, b)| (m, off, AlignedBuf::from_slice(&b)))
+            .collect();
+        let mut ops: Vec<Op> = bufs
+            .iter_mut()
+            .map(|(m, off, b)| Op::write(*m, *off, b))
+            .collect();
+        self.run(&mut ops);
+        let _ = self.flush();
+        crate::journal::retire(&live);
+        *self.journal.lock() = seq + 1;
+        true
     }
 
     /// Reads one member's strip of a row, for tools that check the layout (scrub, tests).

@@ -2,10 +2,13 @@
 //! about networks; exports reach it through `millrace_block::BlockDevice`.
 
 pub mod aligned;
+pub mod bitmap;
 pub mod drive;
 pub mod engine;
+pub mod fault;
 pub mod geometry;
 pub mod io;
+pub mod journal;
 pub mod superblock;
 
 pub use engine::{Array, ArrayError};

@@ -313,6 +313,20 @@ impl Pool {
                 .map_err(|e| PoolError(format!("cannot open {}: {e}", p.display())))?;
             drives.push(Arc::new(d));
         }
+        // Drives this call created are sparse, so all-zero: their parity is already right.
+        let fresh = created.len() == paths.len();
+        Self::create_on(opts, paths, drives, fresh)
+    }
+
+    /// Creates a pool on drives already open (files, block devices, or test drives). `fresh`:
+    /// the drives are known to be all zeroes, so redundancy needs no initialisation.
+    pub fn create_on(
+        opts: &CreateOptions,
+        paths: &[PathBuf],
+        drives: Vec<Arc<dyn Drive>>,
+        fresh: bool,
+    ) -> Result<Pool> {
+        check_name(&opts.name)?;
         for (p, d) in paths.iter().zip(&drives) {
             if opts.force {
                 break;
@@ -379,8 +393,6 @@ impl Pool {
             .iter()
             .map(|_| (Uuid::new_v4(), MemberState::Online))
             .collect();
-        // Drives this call created are sparse, so all-zero: their parity is already right.
-        let fresh = created.len() == paths.len();
         let mut sb = Superblock {
             pool_uuid: Uuid::new_v4(),
             member_uuid: table[0].0,
@@ -457,15 +469,26 @@ impl Pool {
     /// superblock, or with a damaged one, are reported in the returned notes and left alone.
     pub fn import(paths: &[PathBuf]) -> Result<(Vec<Pool>, Vec<String>)> {
         let mut notes = Vec::new();
-        let mut found: BTreeMap<Uuid, Vec<Found>> = BTreeMap::new();
+        let mut drives = Vec::new();
         for p in paths {
-            let d = match FileDrive::open(p) {
-                Ok(d) => Arc::new(d) as Arc<dyn Drive>,
-                Err(e) => {
-                    notes.push(format!("skipped {}: {e}", p.display()));
-                    continue;
-                }
-            };
+            match FileDrive::open(p) {
+                Ok(d) => drives.push((p.clone(), Arc::new(d) as Arc<dyn Drive>)),
+                Err(e) => notes.push(format!("skipped {}: {e}", p.display())),
+            }
+        }
+        let (pools, more) = Self::import_drives(drives)?;
+        notes.extend(more);
+        Ok((pools, notes))
+    }
+
+    /// Assembles the pools found on drives already open. A pool that was not shut down cleanly
+    /// is resynced here, in the regions its write-intent bitmap marks, before it is returned.
+    pub fn import_drives(
+        drives: Vec<(PathBuf, Arc<dyn Drive>)>,
+    ) -> Result<(Vec<Pool>, Vec<String>)> {
+        let mut notes = Vec::new();
+        let mut found: BTreeMap<Uuid, Vec<Found>> = BTreeMap::new();
+        for (p, d) in drives {
             match read_superblock(d.as_ref()) {
                 Ok(Ok(sb)) => found
                     .entry(sb.pool_uuid)
@@ -557,9 +580,46 @@ impl Pool {
                     .map_err(|e| PoolError(format!("cannot record the members' states: {e}")))?;
                 *pool.meta.sb.lock() = sb;
             }
+            if !pool.superblock().clean {
+                pool.recover_after_crash()?;
+            }
             pools.push(pool);
         }
         Ok((pools, notes))
+    }
+
+    /// Makes redundancy consistent again after an unclean shutdown, in the rows the bitmap
+    /// marks (all rows if the pool has no bitmap), then records the pool clean.
+    fn recover_after_crash(&self) -> Result<()> {
+        if self.array.geometry().level.is_parity() && self.array.replay_journal() {
+            tracing::warn!(
+                "pool '{}': replayed the journal of a degraded write cut short",
+                self.name()
+            );
+        }
+        let ranges = self.array.dirty_rows();
+        let rows: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+        for r in ranges {
+            for row in r {
+                self.array.resync_row(row)?;
+            }
+        }
+        self.array.settle()?;
+        let mut sb = self.meta.sb.lock();
+        let mut copy = sb.clone();
+        copy.clean = true;
+        self.meta
+            .commit(&mut copy)
+            .map_err(|e| PoolError(format!("cannot record the resync: {e}")))?;
+        *sb = copy;
+        drop(sb);
+        let msg = format!(
+            "pool '{}' was not shut down cleanly; resynced {rows} of {} rows the write-intent bitmap marked",
+            self.name(),
+            self.array.geometry().rows()
+        );
+        tracing::warn!("{msg}");
+        Ok(())
     }
 
     pub fn array(&self) -> &Arc<Array> {
@@ -635,7 +695,7 @@ impl Pool {
 
     /// Flushes and records a clean shutdown.
     pub fn close(&self) -> Result<()> {
-        self.array.flush()?;
+        self.array.settle()?;
         let mut sb = self.meta.sb.lock();
         if sb.clean && !self.dirty.load(Ordering::Acquire) {
             return Ok(());
@@ -815,6 +875,15 @@ impl Pool {
 
     /// Opens a drive to join the pool, checking it is big enough and not someone else's.
     fn claim(&self, path: &Path, force: bool) -> Result<Arc<dyn Drive>> {
+        self.check_member_name(path)?;
+        let d: Arc<dyn Drive> = Arc::new(
+            FileDrive::open(path)
+                .map_err(|e| PoolError(format!("cannot open {}: {e}", path.display())))?,
+        );
+        self.check_newcomer(path, d, force)
+    }
+
+    fn check_member_name(&self, path: &Path) -> Result<()> {
         let spares = self.spare_paths();
         if self.slot_of(path).is_ok() || spares.iter().any(|s| absolute(s) == absolute(path)) {
             return err(format!(
@@ -823,10 +892,16 @@ impl Pool {
                 self.name()
             ));
         }
-        let d: Arc<dyn Drive> = Arc::new(
-            FileDrive::open(path)
-                .map_err(|e| PoolError(format!("cannot open {}: {e}", path.display())))?,
-        );
+        Ok(())
+    }
+
+    /// Checks a drive about to join: big enough, and (unless forced) blank.
+    fn check_newcomer(
+        &self,
+        path: &Path,
+        d: Arc<dyn Drive>,
+        force: bool,
+    ) -> Result<Arc<dyn Drive>> {
         let sb = self.superblock();
         let need = sb.data_offset + sb.member_data_bytes;
         if d.size_bytes() < need {
@@ -908,8 +983,21 @@ impl Pool {
     /// Puts `new` in place of member `old` and marks it for rebuilding. A member still in
     /// service is taken out first, where the pool survives that.
     pub fn replace(&self, old: &Path, new: &Path, force: bool) -> Result<String> {
-        let m = self.slot_of(old)?;
+        self.slot_of(old)?;
         let d = self.claim(new, force)?;
+        self.install(old, new, d)
+    }
+
+    /// `replace` with a drive already open (a block device opened elsewhere, or a test drive).
+    pub fn replace_with(&self, old: &Path, new: &Path, d: Arc<dyn Drive>) -> Result<String> {
+        self.slot_of(old)?;
+        self.check_member_name(new)?;
+        let d = self.check_newcomer(new, d, false)?;
+        self.install(old, new, d)
+    }
+
+    fn install(&self, old: &Path, new: &Path, d: Arc<dyn Drive>) -> Result<String> {
+        let m = self.slot_of(old)?;
         if matches!(
             self.array.member_state(m),
             MemberState::Online | MemberState::Rebuilding

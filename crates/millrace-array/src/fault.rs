@@ -1,0 +1,155 @@
+//! A drive that misbehaves on purpose, for tests: it fails reads or writes (everywhere or in a
+//! range), returns silently corrupted data, and on a power cut drops or tears, at 4 KiB
+//! granularity, any subset of the writes not yet covered by a flush.
+
+use std::io;
+use std::ops::Range;
+
+use parking_lot::Mutex;
+
+use crate::drive::{Drive, MemDrive};
+
+const SECTOR: usize = 4096;
+
+#[derive(Default)]
+struct Faults {
+    fail_reads: Option<Range<u64>>,
+    fail_writes: Option<Range<u64>>,
+    corrupt_reads: Option<Range<u64>>,
+}
+
+/// A write the drive has acknowledged but not yet made durable: what it overwrote.
+struct Pending {
+    offset: u64,
+    old: Vec<u8>,
+}
+
+pub struct FaultyDrive {
+    inner: MemDrive,
+    faults: Mutex<Faults>,
+    pending: Mutex<Vec<Pending>>,
+}
+
+fn hits(r: &Option<Range<u64>>, offset: u64, len: usize) -> bool {
+    r.as_ref()
+        .is_some_and(|r| offset < r.end && offset + len as u64 > r.start)
+}
+
+impl FaultyDrive {
+    pub fn new(name: impl Into<String>, size: u64) -> FaultyDrive {
+        FaultyDrive {
+            inner: MemDrive::new(name, size),
+            faults: Mutex::new(Faults::default()),
+            pending: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Reads touching `range` (None: everything) fail with EIO.
+    pub fn fail_reads(&self, range: Option<Range<u64>>) {
+        self.faults.lock().fail_reads = Some(range.unwrap_or(0..u64::MAX));
+    }
+
+    /// Writes touching `range` (None: everything) fail with EIO.
+    pub fn fail_writes(&self, range: Option<Range<u64>>) {
+        self.faults.lock().fail_writes = Some(range.unwrap_or(0..u64::MAX));
+    }
+
+    /// The whole drive dies: every read and write fails.
+    pub fn die(&self) {
+        self.fail_reads(None);
+        self.fail_writes(None);
+    }
+
+    /// Reads touching `range` return wrong bytes there, without an error.
+    pub fn corrupt_reads(&self, range: Range<u64>) {
+        self.faults.lock().corrupt_reads = Some(range);
+    }
+
+    pub fn heal(&self) {
+        *self.faults.lock() = Faults::default();
+    }
+
+    /// Power is cut: each 4 KiB sector of each write since the last flush independently keeps
+    /// its new content or goes back to what it held before (`keep` decides, per sector, in order
+    /// from the newest write to the oldest). Faults are cleared, as after a reboot.
+    pub fn power_cut(&self, mut keep: impl FnMut() -> bool) {
+        let pending = std::mem::take(&mut *self.pending.lock());
+        for p in pending.iter().rev() {
+            for (i, chunk) in p.old.chunks(SECTOR).enumerate() {
+                if !keep() {
+                    self.inner.corrupt(p.offset + (i * SECTOR) as u64, chunk);
+                }
+            }
+        }
+        self.heal();
+    }
+
+    pub fn snapshot(&self) -> Vec<u8> {
+        self.inner.snapshot()
+    }
+
+    /// Changes bytes behind everyone's back, durably (a bit flip at rest).
+    pub fn scribble(&self, offset: u64, bytes: &[u8]) {
+        self.inner.corrupt(offset, bytes);
+    }
+}
+
+fn eio(what: &str, name: &str) -> io::Error {
+    io::Error::other(format!("injected {what} error on {name}"))
+}
+
+impl Drive for FaultyDrive {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let (fail, corrupt) = {
+            let f = self.faults.lock();
+            (
+                hits(&f.fail_reads, offset, buf.len()),
+                f.corrupt_reads
+                    .clone()
+                    .filter(|_| hits(&f.corrupt_reads, offset, buf.len())),
+            )
+        };
+        if fail {
+            return Err(eio("read", &self.describe()));
+        }
+        self.inner.read_at(buf, offset)?;
+        if let Some(r) = corrupt {
+            let from = r.start.max(offset);
+            let to = r.end.min(offset + buf.len() as u64);
+            for b in &mut buf[(from - offset) as usize..(to - offset) as usize] {
+                *b = !*b;
+            }
+        }
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        if hits(&self.faults.lock().fail_writes, offset, buf.len()) {
+            return Err(eio("write", &self.describe()));
+        }
+        let mut pending = self.pending.lock();
+        let mut old = vec![0u8; buf.len()];
+        self.inner.read_at(&mut old, offset)?;
+        self.inner.write_at(buf, offset)?;
+        pending.push(Pending { offset, old });
+        Ok(())
+    }
+    fn flush(&self) -> io::Result<()> {
+        if self
+            .faults
+            .lock()
+            .fail_writes
+            .as_ref()
+            .is_some_and(|r| r.start == 0 && r.end == u64::MAX)
+        {
+            return Err(eio("flush", &self.describe()));
+        }
+        self.pending.lock().clear();
+        Ok(())
+    }
+}
