@@ -468,6 +468,12 @@ impl Pool {
     /// Finds the pools on these drives and assembles each one. Drives without a Millrace
     /// superblock, or with a damaged one, are reported in the returned notes and left alone.
     pub fn import(paths: &[PathBuf]) -> Result<(Vec<Pool>, Vec<String>)> {
+        Self::import_with(paths, false)
+    }
+
+    /// `import`; `force` assembles a pool even where a crash and a lost drive together leave
+    /// rows that cannot be rebuilt reliably.
+    pub fn import_with(paths: &[PathBuf], force: bool) -> Result<(Vec<Pool>, Vec<String>)> {
         let mut notes = Vec::new();
         let mut drives = Vec::new();
         for p in paths {
@@ -476,7 +482,7 @@ impl Pool {
                 Err(e) => notes.push(format!("skipped {}: {e}", p.display())),
             }
         }
-        let (pools, more) = Self::import_drives(drives)?;
+        let (pools, more) = Self::import_drives(drives, force)?;
         notes.extend(more);
         Ok((pools, notes))
     }
@@ -485,6 +491,7 @@ impl Pool {
     /// is resynced here, in the regions its write-intent bitmap marks, before it is returned.
     pub fn import_drives(
         drives: Vec<(PathBuf, Arc<dyn Drive>)>,
+        force: bool,
     ) -> Result<(Vec<Pool>, Vec<String>)> {
         let mut notes = Vec::new();
         let mut found: BTreeMap<Uuid, Vec<Found>> = BTreeMap::new();
@@ -571,8 +578,38 @@ impl Pool {
             }
             let mut sb = sb;
             let changed = table != sb.table;
+            let in_service =
+                |s: MemberState| matches!(s, MemberState::Online | MemberState::Rebuilding);
+            let lost_at_crash: Vec<usize> = (0..sb.members)
+                .filter(|&i| !sb.clean && in_service(sb.table[i].1) && !in_service(table[i].1))
+                .collect();
             sb.table = table;
+            let name = sb.name.clone();
             let pool = Pool::assemble_from(sb, drives, mpaths, spares, pnotes);
+            if !lost_at_crash.is_empty() && pool.array.geometry().level.is_parity() && !force {
+                // A crash left stripes half written, and a member that was in service then is
+                // gone now: its data in those stripes would be rebuilt from parity that may not
+                // match. Linux md refuses such an array too; nothing has been written yet.
+                let rows: u64 = pool
+                    .array
+                    .dirty_rows()
+                    .iter()
+                    .map(|r| r.end - r.start)
+                    .sum();
+                if rows > 0 {
+                    let who: Vec<String> = lost_at_crash
+                        .iter()
+                        .map(|&i| match &pool.member_paths()[i] {
+                            Some(p) => p.display().to_string(),
+                            None => format!("member {i}"),
+                        })
+                        .collect();
+                    return err(format!(
+                        "pool '{name}' was not shut down cleanly, and {} was in service then but is missing or stale now: {rows} rows being written at the crash cannot be rebuilt reliably without it. Bring the drive back and import again, or import with --force to assemble the pool anyway (data of the missing drive in those rows may come back damaged)",
+                        who.join(", ")
+                    ));
+                }
+            }
             if changed {
                 let mut sb = pool.meta.sb.lock().clone();
                 pool.meta

@@ -75,14 +75,18 @@ impl World {
     }
 
     fn restart(&self) -> Pool {
+        self.try_restart().unwrap()
+    }
+
+    fn try_restart(&self) -> Result<Pool, String> {
         let ds: Vec<(PathBuf, Arc<dyn Drive>)> = self
             .drives
             .iter()
             .map(|(p, d)| (p.clone(), d.clone() as Arc<dyn Drive>))
             .collect();
-        let (mut pools, notes) = Pool::import_drives(ds).unwrap();
+        let (mut pools, notes) = Pool::import_drives(ds, false).map_err(|e| e.to_string())?;
         assert_eq!(pools.len(), 1, "{notes:?}");
-        pools.remove(0)
+        Ok(pools.remove(0))
     }
 }
 
@@ -210,9 +214,26 @@ fn run_schedule(level: Level, n: usize, group: Option<usize>, seed: u64) {
             }
             _ => {
                 // Power cut: drop the pool without closing, tear unflushed writes, restart.
+                let healthy = pool
+                    .array()
+                    .member_states()
+                    .iter()
+                    .all(|s| *s == MemberState::Online);
                 drop(pool);
                 for (_, d) in &w.drives {
                     d.power_cut(|| rng.random_bool(0.5));
+                }
+                // Sometimes a drive dies with the power. A pool that was healthy at the crash must
+                // then refuse to assemble (it cannot know the torn stripes' missing strips),
+                // unless nothing was being written; it assembles once the drive is back.
+                if healthy && level.is_parity() && rng.random_bool(0.3) {
+                    let victim = rng.random_range(0..n);
+                    w.drives[victim].1.die();
+                    match w.try_restart() {
+                        Err(e) => assert!(e.contains("not shut down cleanly"), "{}", ctx(step, &e)),
+                        Ok(p) => drop(p),
+                    }
+                    w.drives[victim].1.heal();
                 }
                 pool = w.restart();
                 // Right after the restart a drive may fail too.

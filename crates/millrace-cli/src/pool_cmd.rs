@@ -57,6 +57,10 @@ pub enum PoolCmd {
         drives: Vec<PathBuf>,
         #[arg(long)]
         json: bool,
+        /// Assemble even a pool that crashed and lost a drive since (rows being written at the
+        /// crash may come back damaged in the missing drive's strips).
+        #[arg(long)]
+        force: bool,
     },
     /// Take a member out of service, as a drive failure would (refused if the pool would go offline).
     Fail { name: String, drive: PathBuf },
@@ -276,8 +280,12 @@ pub fn run(home: &Path, cmd: PoolCmd) -> Result<()> {
             print_pool(&pool.info(), json)
         }
         PoolCmd::List { json } => list(home, json),
-        PoolCmd::Import { drives, json } => {
-            let (pools, notes) = Pool::import(&drives)?;
+        PoolCmd::Import {
+            drives,
+            json,
+            force,
+        } => {
+            let (pools, notes) = Pool::import_with(&drives, force)?;
             for n in &notes {
                 eprintln!("note: {n}");
             }

@@ -380,3 +380,59 @@ fn killed_writers_lose_nothing_acknowledged() {
         model = now;
     }
 }
+
+/// A pool that crashed mid-write and comes back without one of its drives is not assembled
+/// silently: the admin is told why, and `--force` is the explicit way through.
+#[test]
+fn crash_plus_lost_drive_is_refused_unless_forced() {
+    let bin = assert_cmd::cargo::cargo_bin("millrace");
+    // The kill must land while the write is under way: a fresh pool per try, growing delays.
+    for delay in [200u64, 400, 700, 1000, 1500, 2500] {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path();
+        let (ds, _) = setup(dir, 5, "64M");
+        std::fs::write(dir.join("in.bin"), pattern(100 << 20, 8)).unwrap();
+        let rest: Vec<&PathBuf> = ds.iter().filter(|p| **p != ds[2]).collect();
+        let mut child = std::process::Command::new(&bin)
+            .env("MILLRACE_HOME", dir.join("home"))
+            .current_dir(dir)
+            .args(["io", "write", "tank", "--offset", "0", "--input", "in.bin"])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay));
+        child.kill().unwrap();
+        let finished = child.wait().unwrap().success();
+        std::fs::rename(&ds[2], dir.join("away.img")).unwrap();
+        let mut c = millrace(dir);
+        c.args(["pool", "import"]).args(&rest);
+        let out = c.output().unwrap();
+        std::fs::rename(dir.join("away.img"), &ds[2]).unwrap();
+        if out.status.success() {
+            // Missed the window: the write had finished, or not yet begun.
+            continue;
+        }
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("not shut down cleanly") && err.contains("--force"),
+            "{err}"
+        );
+        assert!(!finished, "a pool closed cleanly was refused: {err}");
+        // The drive comes back: the pool assembles, resyncs, and is consistent.
+        let mut c = millrace(dir);
+        c.args(["pool", "import"]).args(&ds);
+        c.assert().success();
+        assert_eq!(show(dir, "tank")["state"], "online");
+        let rep = millrace(dir)
+            .args(["pool", "scrub", "tank", "--json"])
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        let rep: Value = serde_json::from_slice(&rep).unwrap();
+        assert_eq!(rep["mismatches"], 0, "{rep}");
+        return;
+    }
+    panic!("no kill landed inside the write");
+}
