@@ -553,16 +553,22 @@ impl Array {
     fn try_read(&self, offset: u64, buf: &mut [u8]) -> Result<bool> {
         let pieces = self.pieces(offset, buf.len());
         let geo = &self.geo;
-        // Degraded pieces: read the rest of their group's span, then rebuild.
+        // A (row, group) that lost a member some piece needs: every strip it still has is read
+        // once over the span the request covers, the lost ones rebuilt, and every piece of the
+        // request in that group served from the result.
         struct Degraded {
-            piece: usize,
+            row: u64,
+            group: usize,
             layout: Vec<usize>,
-            target: usize,
+            lo: u64,
+            hi: u64,
             bufs: Vec<AlignedBuf>,
             missing: Vec<usize>,
         }
         let mut degraded: Vec<Degraded> = Vec::new();
-        let mut direct: Vec<(usize, usize)> = Vec::new(); // (piece, member)
+        // (piece, member) read straight into the caller's buffer, or (piece, degraded unit).
+        let mut direct: Vec<(usize, usize)> = Vec::new();
+        let mut via: Vec<(usize, usize)> = Vec::new();
         for (i, p) in pieces.iter().enumerate() {
             let loc = geo.locate(p.row, p.col);
             if !geo.level.is_parity() {
@@ -581,6 +587,16 @@ impl Array {
                         })
                     }
                 }
+                continue;
+            }
+            if let Some(u) = degraded
+                .iter()
+                .position(|d| d.row == p.row && d.group == loc.group)
+            {
+                let d = &mut degraded[u];
+                d.lo = d.lo.min(p.s);
+                d.hi = d.hi.max(p.s + p.len as u64);
+                via.push((i, u));
             } else if self.readable(loc.member, p.row) {
                 direct.push((i, loc.member));
             } else {
@@ -595,13 +611,27 @@ impl Array {
                         tolerance: geo.level.parity(),
                     });
                 }
+                // Earlier pieces of this group that were to be read directly join the unit.
+                let u = degraded.len();
+                let (mut lo, mut hi) = (p.s, p.s + p.len as u64);
+                direct.retain(|&(j, _)| {
+                    let q = &pieces[j];
+                    let same = q.row == p.row && geo.locate(q.row, q.col).group == loc.group;
+                    if same {
+                        lo = lo.min(q.s);
+                        hi = hi.max(q.s + q.len as u64);
+                        via.push((j, u));
+                    }
+                    !same
+                });
+                via.push((i, u));
                 degraded.push(Degraded {
-                    piece: i,
-                    target: loc.index,
-                    bufs: (0..layout.len())
-                        .map(|_| AlignedBuf::zeroed(p.len))
-                        .collect(),
+                    row: p.row,
+                    group: loc.group,
                     layout,
+                    lo,
+                    hi,
+                    bufs: Vec::new(),
                     missing,
                 });
             }
@@ -611,6 +641,12 @@ impl Array {
                 .degraded_reads
                 .fetch_add(degraded.len() as u64, Ordering::Relaxed);
         }
+        for d in degraded.iter_mut() {
+            d.bufs = (0..d.layout.len())
+                .map(|_| AlignedBuf::zeroed((d.hi - d.lo) as usize))
+                .collect();
+        }
+        direct.sort_unstable();
         let ok = {
             let mut ops: Vec<Op> = Vec::with_capacity(direct.len() + degraded.len() * 8);
             let mut rest: &mut [u8] = buf;
@@ -625,10 +661,9 @@ impl Array {
                 ops.push(Op::read(m, self.member_offset(p.row, p.s), dst));
             }
             for d in degraded.iter_mut() {
-                let p = &pieces[d.piece];
                 for (k, b) in d.bufs.iter_mut().enumerate() {
                     if !d.missing.contains(&k) {
-                        ops.push(Op::read(d.layout[k], self.member_offset(p.row, p.s), b));
+                        ops.push(Op::read(d.layout[k], self.member_offset(d.row, d.lo), b));
                     }
                 }
             }
@@ -638,10 +673,15 @@ impl Array {
             return Ok(false);
         }
         for d in degraded.iter_mut() {
-            let p = &pieces[d.piece];
             let mut strips: Vec<&mut [u8]> = d.bufs.iter_mut().map(|b| &mut b[..]).collect();
             recover(&mut strips, &d.missing, self.geo.level.parity());
-            buf[p.at..p.at + p.len].copy_from_slice(&d.bufs[d.target]);
+        }
+        for &(i, u) in &via {
+            let p = &pieces[i];
+            let d = &degraded[u];
+            let idx = geo.locate(p.row, p.col).index;
+            let from = (p.s - d.lo) as usize;
+            buf[p.at..p.at + p.len].copy_from_slice(&d.bufs[idx][from..from + p.len]);
         }
         Ok(true)
     }
