@@ -26,13 +26,19 @@ pub struct Bitmap {
     io: Mutex<()>,
 }
 
-/// Rows per region for a pool of `rows` rows whose metadata area ends at `data_offset`.
-pub fn region_rows(rows: u64, data_offset: u64) -> Option<u64> {
+/// Bytes of each member a region covers, at least: like md's default bitmap chunk, large enough
+/// that marking (a synchronous write on every member) happens once per 64 MiB written, not once
+/// per stripe, and small enough that a resync after a crash stays short.
+pub const REGION_MEMBER_BYTES: u64 = 64 << 20;
+
+/// Rows per region for a pool of `rows` rows of `strip` bytes whose metadata area ends at
+/// `data_offset`.
+pub fn region_rows(rows: u64, strip: u64, data_offset: u64) -> Option<u64> {
     let room = data_offset.checked_sub(BITMAP_OFFSET)?.min(MAX_REGIONS);
     if room == 0 {
         return None;
     }
-    Some(rows.div_ceil(room).max(1))
+    Some(rows.div_ceil(room).max(REGION_MEMBER_BYTES / strip).max(1))
 }
 
 impl Bitmap {

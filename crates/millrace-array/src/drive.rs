@@ -89,9 +89,16 @@ impl FileDrive {
         };
         // One process owns a member at a time: a second `millrace` (or a server) must not write
         // the same drive behind this one's back.
+        // A process that just exited can hold its lock a moment longer: with io_uring, its
+        // files are released only when the kernel has torn its rings down. So wait a little.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
         // SAFETY: flock on a valid descriptor we own.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                continue;
+            }
             if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
                 return Err(io::Error::new(
                     io::ErrorKind::WouldBlock,

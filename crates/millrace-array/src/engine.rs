@@ -188,7 +188,7 @@ impl Array {
             rebuilt_rows: (0..geo.members).map(|_| AtomicU64::new(0)).collect(),
             locks: (0..LOCK_SHARDS).map(|_| Mutex::new(())).collect(),
             on_failure: RwLock::new(None),
-            bitmap: crate::bitmap::region_rows(geo.rows(), data_offset)
+            bitmap: crate::bitmap::region_rows(geo.rows(), geo.strip, data_offset)
                 .filter(|_| geo.tolerance_per_group() > 0)
                 .map(|rr| crate::bitmap::Bitmap::new(geo.rows(), rr)),
             journal: Mutex::new(1),
@@ -313,7 +313,7 @@ impl Array {
         {
             return false;
         }
-        tracing::error!(
+        tracing::warn!(
             "member {m} ({}) marked faulty: {why}",
             self.drives.load()[m].describe()
         );
@@ -1042,9 +1042,17 @@ impl Array {
             return Ok(());
         };
         *seq += 1;
+        // Copies enough to outlive every further failure the pool still survives: one more
+        // than its remaining redundancy, on members taken in turn so the load spreads.
         let live = self.live_drives();
+        let lost = (0..self.geo.members).filter(|&m| !self.writable(m)).count();
+        let copies = (self.geo.tolerance_per_group().saturating_sub(lost) + 1).min(live.len());
+        let first = (*seq as usize) % live.len().max(1);
+        let holders: Vec<Arc<dyn Drive>> = (0..copies)
+            .map(|i| live[(first + i) % live.len()].clone())
+            .collect();
         let mut durable = false;
-        for d in &live {
+        for d in &holders {
             durable |= d
                 .write_at(&rec, crate::journal::JOURNAL_OFFSET)
                 .and_then(|_| d.flush())
@@ -1067,7 +1075,7 @@ impl Array {
                 }
             }
         }
-        crate::journal::retire(&self.live_drives());
+        crate::journal::retire(&holders);
         Ok(())
     }
 

@@ -479,6 +479,9 @@ impl Pool {
         for p in paths {
             match FileDrive::open(p) {
                 Ok(d) => drives.push((p.clone(), Arc::new(d) as Arc<dyn Drive>)),
+                // A drive another process is using is not missing: assembling without it would
+                // record it as gone. Refuse instead.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return err(e.to_string()),
                 Err(e) => notes.push(format!("skipped {}: {e}", p.display())),
             }
         }
@@ -547,7 +550,18 @@ impl Pool {
             for (i, (uuid, state)) in sb.table.iter().enumerate().take(sb.members) {
                 let hit = members.iter().find(|m| m.2.member_uuid == *uuid);
                 match hit {
-                    Some((p, d, msb)) if msb.events == newest => {
+                    // A crash can cut one commit short (superblocks are written member by
+                    // member): a member one event behind that the newest table still lists as
+                    // in service missed only that commit, and is current. One marked faulty
+                    // there, or further behind, is stale.
+                    Some((p, d, msb))
+                        if msb.events == newest
+                            || (msb.events + 1 == newest
+                                && matches!(
+                                    state,
+                                    MemberState::Online | MemberState::Rebuilding
+                                )) =>
+                    {
                         drives.push(d.clone());
                         mpaths.push(Some(p.clone()));
                     }

@@ -1,5 +1,6 @@
 //! `millrace`: one command for pools, I/O, the server and the bench.
 
+mod bench_cmd;
 mod format;
 mod io_cmd;
 mod pool_cmd;
@@ -40,6 +41,8 @@ enum Cmd {
     /// Read and write a pool's bytes directly (for scripts and tests).
     #[command(subcommand)]
     Io(io_cmd::IoCmd),
+    /// Measure a pool (or a simulated one) against its raw drives: tables, JSON, plots.
+    Bench(bench_cmd::BenchArgs),
     /// Every known pool at a glance.
     Status {
         /// Print JSON instead of a table.
@@ -69,6 +72,7 @@ fn main() {
         Cmd::Pool(c) => pool_cmd::run(&cli.home, c),
         Cmd::Io(c) => io_cmd::run(&cli.home, c),
         Cmd::Status { json } => pool_cmd::status(&cli.home, json),
+        Cmd::Bench(a) => bench_cmd::run(&cli.home, a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -350,3 +350,40 @@ fn stale_and_corrupt_members_are_reported_not_trusted() {
     c.args(["pool", "import"]).args(&ds);
     c.assert().stderr(contains("corrupt"));
 }
+
+/// A drive another process holds is not taken for missing: the command says it is in use and
+/// changes nothing.
+#[test]
+fn a_drive_in_use_elsewhere_is_refused_not_dropped() {
+    let t = tempfile::tempdir().unwrap();
+    let ds = drives(t.path(), 4);
+    create(t.path(), "tank", "raid5", &[], &ds);
+    let before: Vec<Vec<u8>> = ds
+        .iter()
+        .map(|p| std::fs::read(p).unwrap()[..8192].to_vec())
+        .collect();
+    let mut holder = std::process::Command::new("flock")
+        .arg("-x")
+        .arg(&ds[1])
+        .args(["sleep", "5"])
+        .spawn()
+        .expect("flock (util-linux) runs");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    millrace(t.path())
+        .args(["pool", "show", "tank"])
+        .assert()
+        .failure()
+        .stderr(contains("in use by another process"));
+    // flock hands its lock to sleep: let it run out.
+    holder.wait().unwrap();
+    let after: Vec<Vec<u8>> = ds
+        .iter()
+        .map(|p| std::fs::read(p).unwrap()[..8192].to_vec())
+        .collect();
+    assert!(before == after, "a refused command changed a superblock");
+    millrace(t.path())
+        .args(["pool", "show", "tank"])
+        .assert()
+        .success()
+        .stdout(contains("online"));
+}
