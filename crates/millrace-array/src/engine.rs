@@ -507,7 +507,9 @@ impl Array {
         for (m, r) in results {
             if let Err(e) = r {
                 self.stats.member_errors.fetch_add(1, Ordering::Relaxed);
-                self.fail_member(m, &e);
+                if Arc::ptr_eq(&drives[m], &self.drives.load()[m]) {
+                    self.fail_member(m, &e);
+                }
             }
         }
         match self.offline_group() {
@@ -518,13 +520,17 @@ impl Array {
 
     /// Runs a batch; marks the members whose I/O failed as faulty. Returns whether all succeeded.
     fn run(&self, ops: &mut [Op]) -> bool {
-        let results = execute(&self.drives.load(), ops);
+        let drives = self.drives.load_full();
+        let results = execute(&drives, ops);
         let mut ok = true;
         for (op, r) in ops.iter().zip(results) {
             if let Err(e) = r {
                 ok = false;
                 self.stats.member_errors.fetch_add(1, Ordering::Relaxed);
-                self.fail_member(op.member, &e);
+                // Only the drive that failed: by now a spare may hold its slot.
+                if Arc::ptr_eq(&drives[op.member], &self.drives.load()[op.member]) {
+                    self.fail_member(op.member, &e);
+                }
             }
         }
         ok
@@ -1071,7 +1077,9 @@ impl Array {
         for m in members {
             if self.writable(m) {
                 if let Err(e) = drives[m].flush() {
-                    self.fail_member(m, &e);
+                    if Arc::ptr_eq(&drives[m], &self.drives.load()[m]) {
+                        self.fail_member(m, &e);
+                    }
                 }
             }
         }

@@ -323,3 +323,33 @@ level_test!(raid5_schedules, Level::Raid5, 4, None);
 level_test!(raid6_schedules, Level::Raid6, 6, None);
 level_test!(raid50_schedules, Level::Raid50, 6, Some(3));
 level_test!(raid60_schedules, Level::Raid60, 8, Some(4));
+
+/// The drive being rebuilt onto fails part way: the rebuild stops with a sentence saying so,
+/// the pool stays degraded and readable, and a second replacement finishes the job.
+#[test]
+fn a_failing_rebuild_target_is_handled() {
+    let (w, pool) = World::new(Level::Raid6, 6, None);
+    let size = pool.array().size_bytes() as usize;
+    let data: Vec<u8> = (0..size).map(|i| (i * 7 + i / 4096) as u8).collect();
+    pool.write_at(0, &data).unwrap();
+    pool.array().fail_member(2, &std::io::Error::other("test"));
+    let bad = Arc::new(FaultyDrive::new("bad", DATA_OFFSET + STRIP * ROWS));
+    // Writes past the first rows of its data area fail.
+    bad.fail_writes(Some(DATA_OFFSET + 3 * STRIP..u64::MAX));
+    pool.replace_with(&w.drives[2].0, &PathBuf::from("bad"), bad)
+        .unwrap();
+    let e = pool.rebuild(None, |_, _| {}).unwrap_err().to_string();
+    assert!(e.contains("failed while being rebuilt"), "{e}");
+    assert_eq!(pool.state(), "degraded");
+    let mut got = vec![0u8; size];
+    pool.read_at(0, &mut got).unwrap();
+    assert!(got == data, "data differs after a failed rebuild");
+    let good = Arc::new(FaultyDrive::new("good", DATA_OFFSET + STRIP * ROWS));
+    pool.replace_with(&PathBuf::from("bad"), &PathBuf::from("good"), good)
+        .unwrap();
+    assert!(pool.rebuild(None, |_, _| {}).unwrap());
+    assert_eq!(pool.state(), "online");
+    assert_eq!(pool.scrub(false, |_, _| {}).unwrap().mismatches, 0);
+    pool.read_at(0, &mut got).unwrap();
+    assert!(got == data);
+}

@@ -35,6 +35,32 @@ fn chunk_bytes(full_stripe: u64) -> usize {
     (full_stripe * (8u64 << 20).div_ceil(full_stripe).max(1)) as usize
 }
 
+/// A member failed during this command and a hot spare took its place: with no server to run
+/// the rebuild, start `millrace pool rebuild` in the background, so it begins by itself. It
+/// waits for this process's drives, and logs to MILLRACE_HOME/rebuild-POOL.log.
+fn start_pending_rebuild(home: &Path, pool: &millrace_array::Pool, had_rebuild: bool) {
+    if had_rebuild || pool.info().rebuild.is_none() {
+        return;
+    }
+    let name = pool.name();
+    let log = home.join(format!("rebuild-{name}.log"));
+    let started = std::fs::File::create(&log).and_then(|f| {
+        let err = f.try_clone()?;
+        std::process::Command::new(std::env::current_exe()?)
+            .arg("--home")
+            .arg(home)
+            .args(["pool", "rebuild", &name])
+            .stdin(std::process::Stdio::null())
+            .stdout(f)
+            .stderr(err)
+            .spawn()
+    });
+    match started {
+        Ok(_) => eprintln!("a hot spare replaced a failed member of pool '{name}'; its rebuild runs in the background (log: {})", log.display()),
+        Err(e) => eprintln!("a hot spare replaced a failed member of pool '{name}', but the rebuild could not be started ({e}); run `millrace pool rebuild {name}`"),
+    }
+}
+
 pub fn run(home: &Path, cmd: IoCmd) -> Result<()> {
     match cmd {
         IoCmd::Write {
@@ -43,6 +69,7 @@ pub fn run(home: &Path, cmd: IoCmd) -> Result<()> {
             input,
         } => {
             let p = Cache::load(home)?.open(&pool)?;
+            let had_rebuild = p.info().rebuild.is_some();
             let size = p.array().size_bytes();
             if offset > size {
                 bail!("offset {offset} lies past the end of pool '{pool}' ({size} bytes)");
@@ -80,6 +107,7 @@ pub fn run(home: &Path, cmd: IoCmd) -> Result<()> {
             }
             p.close()?;
             eprintln!("wrote {} bytes at offset {offset}", pos - offset);
+            start_pending_rebuild(home, &p, had_rebuild);
             Ok(())
         }
         IoCmd::Read {
@@ -89,6 +117,7 @@ pub fn run(home: &Path, cmd: IoCmd) -> Result<()> {
             output,
         } => {
             let p = Cache::load(home)?.open(&pool)?;
+            let had_rebuild = p.info().rebuild.is_some();
             let size = p.array().size_bytes();
             if offset.checked_add(length).is_none_or(|e| e > size) {
                 bail!(
@@ -112,6 +141,8 @@ pub fn run(home: &Path, cmd: IoCmd) -> Result<()> {
                 done += n as u64;
             }
             dst.flush()?;
+            p.close()?;
+            start_pending_rebuild(home, &p, had_rebuild);
             Ok(())
         }
     }

@@ -436,3 +436,61 @@ fn crash_plus_lost_drive_is_refused_unless_forced() {
     }
     panic!("no kill landed inside the write");
 }
+
+/// A drive starts failing under a plain `io read`: the member is marked faulty, the hot spare
+/// takes its place, and the rebuild starts by itself in the background; the pool comes back to
+/// full health with the data intact.
+#[test]
+fn hot_spare_rebuild_starts_by_itself() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path();
+    let (ds, data) = setup(dir, 5, "32M");
+    std::fs::write(dir.join("s0.img"), vec![0u8; 32 << 20]).unwrap();
+    millrace(dir)
+        .args(["pool", "spare", "add", "tank"])
+        .arg(dir.join("s0.img"))
+        .assert()
+        .success();
+    // The drive loses everything past its first MiB: reads there now fail.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&ds[3])
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let got = read_back(dir, "tank", 777, data.len());
+    assert!(got == data, "read through a failing drive differs");
+    let mut state = String::new();
+    for _ in 0..100 {
+        std::thread::sleep(Duration::from_millis(200));
+        let out = millrace(dir)
+            .args(["pool", "show", "tank", "--json"])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+            state = v["state"].as_str().unwrap().to_string();
+            if state == "online" {
+                assert!(
+                    v["members"][3]["path"]
+                        .as_str()
+                        .unwrap()
+                        .ends_with("s0.img"),
+                    "{v}"
+                );
+                break;
+            }
+        }
+    }
+    assert_eq!(state, "online", "the background rebuild did not finish");
+    assert!(read_back(dir, "tank", 777, data.len()) == data);
+    let rep = millrace(dir)
+        .args(["pool", "scrub", "tank", "--json"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let rep: Value = serde_json::from_slice(&rep).unwrap();
+    assert_eq!(rep["mismatches"], 0, "{rep}");
+}
