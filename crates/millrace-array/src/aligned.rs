@@ -72,3 +72,33 @@ impl DerefMut for AlignedBuf {
 pub fn is_aligned(buf: &[u8]) -> bool {
     (buf.as_ptr() as usize).is_multiple_of(ALIGN) && buf.len().is_multiple_of(ALIGN)
 }
+
+thread_local! {
+    static SPARE: std::cell::RefCell<Vec<AlignedBuf>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A buffer of `len` bytes for data about to be overwritten whole (a read target, a strip to be
+/// rebuilt), reused from this thread's earlier requests: a degraded read at several GB/s spends
+/// real CPU on allocating and zeroing fresh buffers. Its contents are left over, not zero.
+pub fn scratch(len: usize) -> AlignedBuf {
+    SPARE
+        .with(|s| {
+            let mut s = s.borrow_mut();
+            s.iter()
+                .position(|b| b.len() == len)
+                .map(|i| s.swap_remove(i))
+        })
+        .unwrap_or_else(|| AlignedBuf::zeroed(len))
+}
+
+/// Gives buffers back for `scratch` to reuse (a few per thread; the rest are freed).
+pub fn recycle(bufs: impl IntoIterator<Item = AlignedBuf>) {
+    SPARE.with(|s| {
+        let mut s = s.borrow_mut();
+        for b in bufs {
+            if s.len() < 64 {
+                s.push(b);
+            }
+        }
+    })
+}

@@ -649,7 +649,7 @@ impl Array {
         }
         for d in degraded.iter_mut() {
             d.bufs = (0..d.layout.len())
-                .map(|_| AlignedBuf::zeroed((d.hi - d.lo) as usize))
+                .map(|_| crate::aligned::scratch((d.hi - d.lo) as usize))
                 .collect();
         }
         direct.sort_unstable();
@@ -667,9 +667,13 @@ impl Array {
                 ops.push(Op::read(m, self.member_offset(p.row, p.s), dst));
             }
             for d in degraded.iter_mut() {
-                for (k, b) in d.bufs.iter_mut().enumerate() {
-                    if !d.missing.contains(&k) {
-                        ops.push(Op::read(d.layout[k], self.member_offset(d.row, d.lo), b));
+                // One data strip lost and P at hand: P rebuilds it, so Q is not read (on a
+                // 16-drive RAID6 that is 14 reads a row instead of 15).
+                let k = d.layout.len() - geo.level.parity();
+                let skip_q = geo.level.parity() == 2 && d.missing.len() == 1 && d.missing[0] < k;
+                for (i, b) in d.bufs.iter_mut().enumerate() {
+                    if !d.missing.contains(&i) && !(skip_q && i == k + 1) {
+                        ops.push(Op::read(d.layout[i], self.member_offset(d.row, d.lo), b));
                     }
                 }
             }
@@ -688,6 +692,9 @@ impl Array {
             let idx = geo.locate(p.row, p.col).index;
             let from = (p.s - d.lo) as usize;
             buf[p.at..p.at + p.len].copy_from_slice(&d.bufs[idx][from..from + p.len]);
+        }
+        for d in degraded {
+            crate::aligned::recycle(d.bufs);
         }
         Ok(true)
     }
