@@ -672,7 +672,9 @@ impl Array {
                 let k = d.layout.len() - geo.level.parity();
                 let skip_q = geo.level.parity() == 2 && d.missing.len() == 1 && d.missing[0] < k;
                 for (i, b) in d.bufs.iter_mut().enumerate() {
-                    let needed = !d.missing.contains(&i) && !(skip_q && i == k + 1);
+                    let lost = d.missing.contains(&i);
+                    let unneeded_q = skip_q && i == k + 1;
+                    let needed = !(lost || unneeded_q);
                     if needed {
                         ops.push(Op::read(d.layout[i], self.member_offset(d.row, d.lo), b));
                     }
