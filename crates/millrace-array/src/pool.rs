@@ -228,6 +228,38 @@ pub fn read_superblock(d: &dyn Drive) -> io::Result<std::result::Result<Superblo
     Ok(Superblock::decode_slots(&head))
 }
 
+/// Refuses a drive that belongs to a pool (whole or damaged) or holds other data, so no admin
+/// loses a filesystem or another pool to a typo; --force skips this.
+fn refuse_if_claimed(p: &Path, d: &dyn Drive) -> Result<()> {
+    match read_superblock(d) {
+        Ok(Ok(sb)) => {
+            return err(format!(
+                "{} already belongs to pool '{}' ({}); destroy that pool first, or pass --force to overwrite it",
+                p.display(),
+                sb.name,
+                sb.pool_uuid
+            ))
+        }
+        Ok(Err(SbError::Corrupt(why))) => {
+            return err(format!(
+                "{} carries {why}; it may belong to a damaged pool: pass --force to overwrite it",
+                p.display()
+            ))
+        }
+        Ok(Err(SbError::NotMillrace)) => {}
+        Err(e) => return err(format!("cannot read {}: {e}", p.display())),
+    }
+    let head = read_head(d, BLANK_CHECK)
+        .map_err(|e| PoolError(format!("cannot read {}: {e}", p.display())))?;
+    if head.iter().any(|&b| b != 0) {
+        return err(format!(
+            "{} is not blank: it holds data that is not a Millrace pool (a filesystem or partition table?); pass --force to overwrite it",
+            p.display()
+        ));
+    }
+    Ok(())
+}
+
 fn default_data_offset(min_size: u64) -> u64 {
     (min_size / 64 / MIB * MIB).clamp(MIB, 64 * MIB)
 }
@@ -327,35 +359,9 @@ impl Pool {
         fresh: bool,
     ) -> Result<Pool> {
         check_name(&opts.name)?;
-        for (p, d) in paths.iter().zip(&drives) {
-            if opts.force {
-                break;
-            }
-            match read_superblock(d.as_ref()) {
-                Ok(Ok(sb)) => {
-                    return err(format!(
-                        "{} already belongs to pool '{}' ({}); destroy that pool first, or pass --force to overwrite it",
-                        p.display(),
-                        sb.name,
-                        sb.pool_uuid
-                    ))
-                }
-                Ok(Err(SbError::Corrupt(why))) => {
-                    return err(format!(
-                        "{} carries {why}; it may belong to a damaged pool: pass --force to overwrite it",
-                        p.display()
-                    ))
-                }
-                Ok(Err(SbError::NotMillrace)) => {}
-                Err(e) => return err(format!("cannot read {}: {e}", p.display())),
-            }
-            let head = read_head(d.as_ref(), BLANK_CHECK)
-                .map_err(|e| PoolError(format!("cannot read {}: {e}", p.display())))?;
-            if head.iter().any(|&b| b != 0) {
-                return err(format!(
-                    "{} is not blank: it holds data that is not a Millrace pool (a filesystem or partition table?); pass --force to overwrite it",
-                    p.display()
-                ));
+        if !opts.force {
+            for (p, d) in paths.iter().zip(&drives) {
+                refuse_if_claimed(p, d.as_ref())?;
             }
         }
         let sizes: Vec<u64> = drives.iter().map(|d| d.size_bytes()).collect();
@@ -964,31 +970,7 @@ impl Pool {
             ));
         }
         if !force {
-            match read_superblock(d.as_ref()) {
-                Ok(Ok(other)) => {
-                    return err(format!(
-                        "{} already belongs to pool '{}' ({}); pass --force to overwrite it",
-                        path.display(),
-                        other.name,
-                        other.pool_uuid
-                    ))
-                }
-                Ok(Err(SbError::Corrupt(why))) => {
-                    return err(format!(
-                        "{} carries {why}; pass --force to overwrite it",
-                        path.display()
-                    ))
-                }
-                _ => {}
-            }
-            let head = read_head(d.as_ref(), BLANK_CHECK)
-                .map_err(|e| PoolError(format!("cannot read {}: {e}", path.display())))?;
-            if head.iter().any(|&b| b != 0) {
-                return err(format!(
-                    "{} is not blank; pass --force to overwrite it",
-                    path.display()
-                ));
-            }
+            refuse_if_claimed(path, d.as_ref())?;
         }
         Ok(d)
     }

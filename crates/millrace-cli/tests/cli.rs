@@ -1,33 +1,16 @@
 //! The CLI end to end on real drive files: what a user types, what they get back.
 
+mod common;
+
+use common::{millrace, pattern};
 use std::path::{Path, PathBuf};
 
-use assert_cmd::Command;
 use predicates::str::contains;
 use serde_json::Value;
-
-fn millrace(home: &Path) -> Command {
-    let mut c = Command::cargo_bin("millrace").unwrap();
-    c.env("MILLRACE_HOME", home.join("home"));
-    c.current_dir(home);
-    c
-}
 
 fn drives(dir: &Path, n: usize) -> Vec<PathBuf> {
     (0..n)
         .map(|i| dir.join(format!("drives/d{i}.img")))
-        .collect()
-}
-
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2654435761) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
         .collect()
 }
 

@@ -2,31 +2,15 @@
 //! rebuild (also interrupted by SIGKILL and resumed), and scrub finding and fixing silent
 //! corruption.
 
+mod common;
+
+use common::{millrace, pattern, scrub};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use assert_cmd::Command;
 use predicates::str::contains;
 use serde_json::Value;
-
-fn millrace(dir: &Path) -> Command {
-    let mut c = Command::cargo_bin("millrace").unwrap();
-    c.env("MILLRACE_HOME", dir.join("home")).current_dir(dir);
-    c
-}
-
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2654435761) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
-}
 
 fn show(dir: &Path, name: &str) -> Value {
     let out = millrace(dir)
@@ -180,14 +164,7 @@ fn fail_spare_replace_rebuild_scrub() {
             .assert()
             .success();
     }
-    let clean = millrace(dir)
-        .args(["pool", "scrub", "tank", "--json"])
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
-    let clean: Value = serde_json::from_slice(&clean).unwrap();
+    let clean = scrub(dir, "tank");
     assert_eq!(clean["mismatches"], 0);
     assert!(clean["rows_checked"].as_u64().unwrap() > 100);
 
@@ -201,14 +178,7 @@ fn fail_spare_replace_rebuild_scrub() {
         *b ^= 0x5a;
     }
     std::fs::write(&victim, &bytes).unwrap();
-    let rep = millrace(dir)
-        .args(["pool", "scrub", "tank", "--json"])
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
-    let rep: Value = serde_json::from_slice(&rep).unwrap();
+    let rep = scrub(dir, "tank");
     assert_eq!(rep["mismatches"], 1, "{rep}");
     let rep = millrace(dir)
         .args(["pool", "scrub", "tank", "--repair", "--json"])
@@ -219,14 +189,7 @@ fn fail_spare_replace_rebuild_scrub() {
         .clone();
     let rep: Value = serde_json::from_slice(&rep).unwrap();
     assert_eq!(rep["repaired"], 1, "{rep}");
-    let rep = millrace(dir)
-        .args(["pool", "scrub", "tank", "--json"])
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
-    let rep: Value = serde_json::from_slice(&rep).unwrap();
+    let rep = scrub(dir, "tank");
     assert_eq!(rep["mismatches"], 0, "{rep}");
     assert!(
         std::fs::read(&victim).unwrap()[at..at + 3000] == original[..],
@@ -278,14 +241,7 @@ fn rebuild_killed_with_sigkill_resumes_from_its_checkpoint() {
         .success()
         .stdout(contains("rebuild finished"));
     assert_eq!(show(dir, "tank")["state"], "online");
-    let rep = millrace(dir)
-        .args(["pool", "scrub", "tank", "--json"])
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
-    let rep: Value = serde_json::from_slice(&rep).unwrap();
+    let rep = scrub(dir, "tank");
     assert_eq!(rep["mismatches"], 0, "{rep}");
     // Now the old members alone (without n1) must still hold everything: fail another drive.
     millrace(dir)
@@ -368,14 +324,7 @@ fn killed_writers_lose_nothing_acknowledged() {
                 "round {round}: a completed write did not read back"
             );
         }
-        let rep = millrace(dir)
-            .args(["pool", "scrub", "tank", "--json"])
-            .assert()
-            .success()
-            .get_output()
-            .stdout
-            .clone();
-        let rep: Value = serde_json::from_slice(&rep).unwrap();
+        let rep = scrub(dir, "tank");
         assert_eq!(rep["mismatches"], 0, "round {round}: {rep}");
         model = now;
     }
@@ -423,14 +372,7 @@ fn crash_plus_lost_drive_is_refused_unless_forced() {
         c.args(["pool", "import"]).args(&ds);
         c.assert().success();
         assert_eq!(show(dir, "tank")["state"], "online");
-        let rep = millrace(dir)
-            .args(["pool", "scrub", "tank", "--json"])
-            .assert()
-            .success()
-            .get_output()
-            .stdout
-            .clone();
-        let rep: Value = serde_json::from_slice(&rep).unwrap();
+        let rep = scrub(dir, "tank");
         assert_eq!(rep["mismatches"], 0, "{rep}");
         return;
     }
@@ -484,13 +426,6 @@ fn hot_spare_rebuild_starts_by_itself() {
     }
     assert_eq!(state, "online", "the background rebuild did not finish");
     assert!(read_back(dir, "tank", 777, data.len()) == data);
-    let rep = millrace(dir)
-        .args(["pool", "scrub", "tank", "--json"])
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
-    let rep: Value = serde_json::from_slice(&rep).unwrap();
+    let rep = scrub(dir, "tank");
     assert_eq!(rep["mismatches"], 0, "{rep}");
 }
