@@ -37,7 +37,7 @@ pub fn raw(
     }
     let rw = match workload {
         Workload::SeqRead => "read",
-        Workload::SeqWrite => "write",
+        Workload::SeqWrite | Workload::Rebuild => "write",
         Workload::RandRead => "randread",
         Workload::RandWrite => "randwrite",
         Workload::Mixed => "randrw",

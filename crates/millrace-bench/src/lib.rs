@@ -56,6 +56,8 @@ pub struct Options {
     pub bs: Option<u64>,
     pub degraded: Vec<usize>,
     pub seconds: f64,
+    /// Also measure a rebuild: its rate idle and under load, and the workloads while it runs.
+    pub rebuild: bool,
 }
 
 fn bs_for(setup: &Setup, opts: &Options, w: Workload) -> u64 {
@@ -210,7 +212,147 @@ pub fn run_suite(
             }
         }
     }
+    if opts.rebuild {
+        progress("rebuild rate, idle and under reads".into(), done, total);
+        measure_rebuild(setup, opts, &mut points)?;
+        // Reads while rebuilding compare with the same drives' raw reads, as the other states do.
+        let raw = points
+            .iter()
+            .find(|p| {
+                p.workload == Workload::SeqRead && p.state != "rebuilding" && p.raw_value > 0.0
+            })
+            .map(|p| p.raw_value);
+        if let (Some(raw), Some(p)) = (raw, points.iter_mut().find(|p| p.state == "rebuilding")) {
+            p.raw_value = raw;
+            p.ratio = p.value / raw;
+        }
+    }
     Ok(points)
+}
+
+/// Rebuilds member 0 of a private array from row 0 for up to `secs` seconds (or until `stop`);
+/// returns bytes written to the rebuilt member per second.
+fn rebuild_rate(
+    array: &Array,
+    secs: f64,
+    stop: &std::sync::atomic::AtomicBool,
+    simulated: bool,
+) -> Result<f64, String> {
+    let t0 = std::time::Instant::now();
+    let mut rows = 0u64;
+    while t0.elapsed().as_secs_f64() < secs
+        && !stop.load(std::sync::atomic::Ordering::Relaxed)
+        && rows < array.geometry().rows()
+    {
+        array.rebuild_row(rows).map_err(|e| e.to_string())?;
+        if simulated {
+            sim::wait();
+        }
+        rows += 1;
+    }
+    Ok(rows as f64 * array.geometry().strip as f64 / t0.elapsed().as_secs_f64())
+}
+
+/// A private copy of the array with member 0 being rebuilt onto its own drive.
+fn rebuilding_array(setup: &Setup) -> Array {
+    let geo = setup.geo;
+    let array = Array::new(
+        geo,
+        setup.data_offset,
+        setup.drives.clone(),
+        &vec![MemberState::Online; geo.members],
+    );
+    array.install_member(0, setup.drives[0].clone(), 0);
+    array
+}
+
+/// The rebuild rate idle and under a sequential read load, against one drive's raw write rate.
+fn measure_rebuild(setup: &Setup, opts: &Options, points: &mut Vec<Point>) -> Result<(), String> {
+    use std::sync::atomic::AtomicBool;
+    let geo = setup.geo;
+    if geo.tolerance_per_group() == 0 {
+        return Ok(());
+    }
+    let one = run::RawTarget {
+        drives: vec![setup.drives[0].clone()],
+        data_offset: setup.data_offset,
+        member_bytes: geo.member_data_bytes,
+        simulated: setup.simulated,
+    };
+    let raw = run::run(
+        &one,
+        Workload::SeqWrite,
+        geo.strip.max(1 << 20),
+        2,
+        opts.seconds,
+    )
+    .map_err(|e| e.to_string())?;
+    let raw_rate = raw.bytes as f64 / raw.seconds;
+    let never = AtomicBool::new(false);
+    let idle = rebuild_rate(
+        &rebuilding_array(setup),
+        opts.seconds,
+        &never,
+        setup.simulated,
+    )?;
+    let loaded_array = rebuilding_array(setup);
+    let stop = AtomicBool::new(false);
+    let jobs = opts.jobs.iter().copied().max().unwrap_or(4);
+    let bs = (1u64 << 20).div_ceil(geo.full_stripe_bytes()) * geo.full_stripe_bytes();
+    let (loaded, reads) = std::thread::scope(|s| {
+        let h =
+            s.spawn(|| rebuild_rate(&loaded_array, opts.seconds * 10.0, &stop, setup.simulated));
+        let reads = run::run(
+            &run::ArrayTarget {
+                array: &loaded_array,
+                simulated: setup.simulated,
+            },
+            Workload::SeqRead,
+            bs,
+            jobs,
+            opts.seconds,
+        );
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (h.join().unwrap(), reads)
+    });
+    let (loaded, reads) = (loaded?, reads.map_err(|e| e.to_string())?);
+    for (state, rate) in [("rebuild idle", idle), ("rebuild under reads", loaded)] {
+        points.push(Point {
+            level: geo.level.to_string(),
+            drives: geo.members,
+            state: state.into(),
+            workload: Workload::Rebuild,
+            bs_bytes: geo.strip,
+            jobs: if state == "rebuild idle" { 1 } else { jobs },
+            iodepth: 1,
+            value: rate / 1e9,
+            unit: "GB/s",
+            raw_value: raw_rate / 1e9,
+            ratio: rate / raw_rate,
+            ideal_ratio: 1.0,
+            cpu_seconds_per_gb: 0.0,
+            raw_cpu_seconds_per_gb: 0.0,
+            raw_by: "millrace",
+        });
+    }
+    points.push(Point {
+        level: geo.level.to_string(),
+        drives: geo.members,
+        state: "rebuilding".into(),
+        workload: Workload::SeqRead,
+        bs_bytes: bs,
+        jobs,
+        iodepth: 1,
+        value: reads.gbps(),
+        unit: "GB/s",
+        raw_value: 0.0,
+        ratio: 0.0,
+        ideal_ratio: 1.0,
+        cpu_seconds_per_gb: reads.cpu_seconds / (reads.bytes as f64 / 1e9).max(1e-9),
+        raw_cpu_seconds_per_gb: 0.0,
+        raw_by: "millrace",
+    });
+    Ok(())
 }
 
 /// Drives for a simulated pool.
@@ -241,12 +383,17 @@ mod tests {
             bs: None,
             degraded: vec![0, 1, 5],
             seconds: 0.2,
+            rebuild: true,
         };
         let pts = run_suite(&setup, &opts, &mut |_, _, _| {}).unwrap();
-        // 5 failures exceed raid6: that state is left out, not faked.
-        assert_eq!(pts.len(), 4);
+        // 5 failures exceed raid6: that state is left out, not faked. Then two rebuild rates
+        // and the read rate while rebuilding.
+        assert_eq!(pts.len(), 7);
         for p in &pts {
-            assert!(p.value > 0.0 && p.raw_value > 0.0 && p.ratio > 0.0, "{p:?}");
+            assert!(p.value > 0.0, "{p:?}");
+            if p.state != "rebuilding" {
+                assert!(p.raw_value > 0.0 && p.ratio > 0.0, "{p:?}");
+            }
         }
         let v = serde_json::to_value(&pts[0]).unwrap();
         for k in [

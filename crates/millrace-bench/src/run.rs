@@ -18,6 +18,8 @@ pub enum Workload {
     RandWrite,
     /// 70% random reads, 30% random writes.
     Mixed,
+    /// Rebuild onto a replaced member (a rate, not a client workload).
+    Rebuild,
 }
 
 impl Workload {
@@ -28,13 +30,17 @@ impl Workload {
             Workload::RandRead => "rand read",
             Workload::RandWrite => "rand write",
             Workload::Mixed => "mixed 70/30",
+            Workload::Rebuild => "rebuild",
         }
     }
     pub fn writes(self) -> bool {
         !matches!(self, Workload::SeqRead | Workload::RandRead)
     }
     pub fn sequential(self) -> bool {
-        matches!(self, Workload::SeqRead | Workload::SeqWrite)
+        matches!(
+            self,
+            Workload::SeqRead | Workload::SeqWrite | Workload::Rebuild
+        )
     }
 }
 

@@ -44,6 +44,10 @@ pub struct BenchArgs {
     /// Allow write workloads on an existing pool: they overwrite its data.
     #[arg(long)]
     write: bool,
+    /// Also measure a rebuild of one member: its rate idle and under a read load, against the
+    /// drive's raw write rate (on an existing pool only with --write: it rewrites a member).
+    #[arg(long)]
+    rebuild: bool,
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -121,12 +125,16 @@ pub fn run(home: &Path, a: BenchArgs) -> Result<()> {
     if setup.files.is_some() && !millrace_bench::fio::available() {
         eprintln!("note: fio is not installed, so the raw drives are measured by Millrace's own reader (apt-get install fio)");
     }
+    if a.rebuild && a.pool.is_some() && !a.write {
+        bail!("--rebuild rewrites a member of the pool; pass --write too to allow it");
+    }
     let opts = Options {
         workloads: wl,
         jobs: a.jobs,
         bs: a.bs,
         degraded: a.degraded,
         seconds: a.seconds,
+        rebuild: a.rebuild,
     };
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap());
