@@ -3,71 +3,174 @@
 //! ISA-L, with j the strip's index in syndrome order.
 //!
 //! Why hand-written: no well-kept Rust crate computes md's P+Q syndrome with SIMD
-//! (reed-solomon-erasure and reed-solomon-simd implement other codes and matrices), and ISA-L is
-//! a C library we do not want as a hard build or run-time dependency. ISA-L is the reference:
-//! tests compare every kernel with it byte for byte, and the benchmark runs both on the same
-//! buffers (`cargo run --release -p millrace-parity --example parity_bench`).
+//! (reed-solomon-erasure and reed-solomon-simd implement other codes and matrices, so their
+//! parity would not match md's or ISA-L's on disk), and ISA-L is a C library we do not want as
+//! a hard build or run-time dependency. ISA-L is the reference instead: the tests compare every
+//! kernel with it byte for byte, and the benchmark runs both on the same buffers
+//! (`cargo run --release -p millrace-parity --example parity_bench`).
+//!
+//! The kernel is picked once, at first use, from the CPU's features: AVX-512 with GFNI, AVX-512,
+//! AVX2 with GFNI, AVX2, SSSE3, SSE2, or portable u64 code (`active_kernel` names it).
+//! `MILLRACE_PARITY_KERNEL=<name>` forces an available one (for comparisons and bug hunts).
+//!
+//! Every buffer of one call must have the same length, and any length works. Unequal lengths
+//! are a caller's bug: debug builds panic on them; release builds process the common prefix
+//! (never memory outside a buffer), except `raid6_recover`, which returns an error.
 
 pub mod gf;
+mod kernel;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 use std::sync::OnceLock;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A kernel's entry points (SAFETY for all: see kernel.rs; the CPU runs the kernel's ISA).
+#[derive(Clone, Copy)]
+pub(crate) struct Ops {
+    gen_pq: unsafe fn(&[*const u8], *mut u8, *mut u8, usize),
+    gen_p: unsafe fn(&[*const u8], *mut u8, usize),
+    mul: unsafe fn(u8, *const u8, *const u8, *mut u8, usize),
+    mul_acc: unsafe fn(u8, *const u8, *const u8, *mut u8, usize),
+    #[allow(clippy::type_complexity)]
+    two_data: unsafe fn(u8, u8, *const u8, *const u8, *mut u8, *mut u8, usize),
+}
+
+const SCALAR_OPS: Ops = Ops {
+    gen_pq: scalar::gen_pq,
+    gen_p: scalar::gen_p,
+    mul: scalar::mul,
+    mul_acc: scalar::mul_acc,
+    two_data: scalar::two_data,
+};
+
+/// An implementation of the kernels. Public so that tests and the benchmark can run each one
+/// this CPU has; the library itself always uses the one `active_kernel` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
     Scalar,
-    Sse,
+    Sse2,
+    Ssse3,
     Avx2,
+    /// AVX2 registers with GF2P8AFFINEQB (Intel Ice Lake / Alder Lake and later, AMD Zen 4+).
+    Avx2Gfni,
+    /// AVX-512F and BW without GFNI (Intel Skylake-SP, Cascade Lake).
+    Avx512,
+    Avx512Gfni,
 }
 
-fn detect() -> Kernel {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::env::var_os("MILLRACE_PARITY_SCALAR").is_some() {
-            return Kernel::Scalar;
-        }
-        if is_x86_feature_detected!("avx2") {
-            return Kernel::Avx2;
-        }
-        if is_x86_feature_detected!("ssse3") {
-            return Kernel::Sse;
+impl Kernel {
+    const ALL: [Kernel; 7] = [
+        Kernel::Scalar,
+        Kernel::Sse2,
+        Kernel::Ssse3,
+        Kernel::Avx2,
+        Kernel::Avx2Gfni,
+        Kernel::Avx512,
+        Kernel::Avx512Gfni,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Scalar => "scalar",
+            Kernel::Sse2 => "sse2",
+            Kernel::Ssse3 => "ssse3",
+            Kernel::Avx2 => "avx2",
+            Kernel::Avx2Gfni => "avx2-gfni",
+            Kernel::Avx512 => "avx512",
+            Kernel::Avx512Gfni => "avx512-gfni",
         }
     }
-    Kernel::Scalar
-}
 
-fn kernel() -> Kernel {
-    static K: OnceLock<Kernel> = OnceLock::new();
-    *K.get_or_init(detect)
-}
+    /// Whether this build has the kernel and this CPU can run it.
+    pub fn is_available(self) -> bool {
+        available_kernels().contains(&self)
+    }
 
-/// The kernels this CPU can run, best last (for tests that check every path).
-pub fn available_kernels() -> Vec<Kernel> {
-    let mut v = vec![Kernel::Scalar];
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("ssse3") {
-            v.push(Kernel::Sse);
+    fn detect(self) -> Option<Ops> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let f = |name: &str| -> bool {
+                match name {
+                    "sse2" => is_x86_feature_detected!("sse2"),
+                    "ssse3" => is_x86_feature_detected!("ssse3"),
+                    "avx2" => is_x86_feature_detected!("avx2"),
+                    #[cfg(millrace_avx512)]
+                    "gfni" => is_x86_feature_detected!("gfni"),
+                    #[cfg(millrace_avx512)]
+                    "avx512" => {
+                        is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw")
+                    }
+                    _ => false,
+                }
+            };
+            match self {
+                Kernel::Scalar => Some(SCALAR_OPS),
+                Kernel::Sse2 => f("sse2").then_some(x86::sse2::OPS),
+                Kernel::Ssse3 => f("ssse3").then_some(x86::ssse3::OPS),
+                Kernel::Avx2 => f("avx2").then_some(x86::avx2::OPS),
+                #[cfg(millrace_avx512)]
+                Kernel::Avx2Gfni => (f("avx2") && f("gfni")).then_some(x86::avx2_gfni::OPS),
+                #[cfg(millrace_avx512)]
+                Kernel::Avx512 => f("avx512").then_some(x86::avx512::OPS),
+                #[cfg(millrace_avx512)]
+                Kernel::Avx512Gfni => (f("avx512") && f("gfni")).then_some(x86::avx512_gfni::OPS),
+                #[allow(unreachable_patterns)]
+                _ => None,
+            }
         }
-        if is_x86_feature_detected!("avx2") {
-            v.push(Kernel::Avx2);
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            (self == Kernel::Scalar).then_some(SCALAR_OPS)
         }
     }
-    v
+
+    fn ops(self) -> Ops {
+        match self.detect() {
+            Some(ops) => ops,
+            None => panic!(
+                "the {} parity kernel is not available on this CPU",
+                self.name()
+            ),
+        }
+    }
 }
 
-/// "avx2", "ssse3" or "scalar": the kernel chosen at run time.
+/// The kernels this build and CPU can run, slowest first.
+pub fn available_kernels() -> &'static [Kernel] {
+    static AVAILABLE: OnceLock<Vec<Kernel>> = OnceLock::new();
+    AVAILABLE.get_or_init(|| {
+        Kernel::ALL
+            .into_iter()
+            .filter(|k| k.detect().is_some())
+            .collect()
+    })
+}
+
+fn active() -> &'static (Kernel, Ops) {
+    static ACTIVE: OnceLock<(Kernel, Ops)> = OnceLock::new();
+    ACTIVE.get_or_init(|| {
+        let avail = available_kernels();
+        let forced = std::env::var("MILLRACE_PARITY_KERNEL").ok();
+        let k = forced
+            .and_then(|name| avail.iter().copied().find(|k| k.name() == name))
+            .unwrap_or(avail[avail.len() - 1]);
+        (k, k.ops())
+    })
+}
+
+#[inline]
+fn ops() -> &'static Ops {
+    &active().1
+}
+
+/// The kernel chosen at run time: "avx512-gfni", "avx512", "avx2-gfni", "avx2", "ssse3",
+/// "sse2" or "scalar".
 pub fn active_kernel() -> &'static str {
-    match kernel() {
-        Kernel::Avx2 => "avx2",
-        Kernel::Sse => "ssse3",
-        Kernel::Scalar => "scalar",
-    }
+    active().0.name()
 }
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ParityError {
     TooManyMissing,
     BadIndex,
@@ -77,205 +180,263 @@ pub enum ParityError {
 impl std::fmt::Display for ParityError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            ParityError::TooManyMissing => "more strips are missing than RAID6 can rebuild (two)",
-            ParityError::BadIndex => "a missing strip's index lies outside the stripe",
-            ParityError::LengthMismatch => "the strips of one stripe differ in length",
+            ParityError::TooManyMissing => {
+                "More than two strips of the stripe are missing; RAID6 can rebuild at most two."
+            }
+            ParityError::BadIndex => {
+                "A missing strip's index lies outside the stripe, or the stripe is not 1 to 255 \
+                 data strips followed by P and Q."
+            }
+            ParityError::LengthMismatch => "The strips of the stripe differ in length.",
         })
     }
 }
 
 impl std::error::Error for ParityError {}
 
+/// Up to this many strips, pointer lists live on the stack (no allocation per call).
+const STACK_STRIPS: usize = 40;
+
+/// Runs `f` on the strips' pointers; the length is the shortest strip's (see the crate docs).
+fn with_ptrs<R>(strips: &[&[u8]], mut len: usize, f: impl FnOnce(&[*const u8], usize) -> R) -> R {
+    for s in strips {
+        debug_assert_eq!(s.len(), len, "parity buffers differ in length");
+        len = len.min(s.len());
+    }
+    if strips.len() <= STACK_STRIPS {
+        let mut buf = [std::ptr::null::<u8>(); STACK_STRIPS];
+        for (b, s) in buf.iter_mut().zip(strips) {
+            *b = s.as_ptr();
+        }
+        f(&buf[..strips.len()], len)
+    } else {
+        f(&strips.iter().map(|s| s.as_ptr()).collect::<Vec<_>>(), len)
+    }
+}
+
 /// dst ^= src
 pub fn xor_into(dst: &mut [u8], src: &[u8]) {
-    debug_assert_eq!(dst.len(), src.len());
-    scalar::xor_into(dst, src)
+    xor_into_ops(ops(), dst, src)
 }
 
-/// p = XOR of all data
+fn xor_into_ops(ops: &Ops, dst: &mut [u8], src: &[u8]) {
+    debug_assert_eq!(dst.len(), src.len(), "parity buffers differ in length");
+    let len = dst.len().min(src.len());
+    let d = dst.as_mut_ptr();
+    // SAFETY: both valid for len bytes; an output may be one of gen_p's inputs (kernel.rs).
+    unsafe { (ops.gen_p)(&[d as *const u8, src.as_ptr()], d, len) }
+}
+
+/// p = XOR of all data (zeros for no data)
 pub fn gen_p(data: &[&[u8]], p: &mut [u8]) {
-    gen_p_with(kernel(), data, p)
+    gen_p_ops(ops(), data, p)
 }
 
-/// gen_p on a chosen kernel.
-pub fn gen_p_with(k: Kernel, data: &[&[u8]], p: &mut [u8]) {
-    debug_assert!(data.iter().all(|d| d.len() == p.len()));
-    if data.is_empty() {
-        p.fill(0);
-        return;
-    }
-    match k {
-        // SAFETY: as in gen_pq_with.
-        #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 => unsafe { x86::gen_p_avx2(data, p) },
-        _ => scalar::gen_p(data, p),
-    }
+fn gen_p_ops(ops: &Ops, data: &[&[u8]], p: &mut [u8]) {
+    with_ptrs(data, p.len(), |src, len| {
+        // SAFETY: every buffer holds at least len bytes.
+        unsafe { (ops.gen_p)(src, p.as_mut_ptr(), len) }
+    })
 }
 
-/// p = XOR of the data, q = sum g^j * data[j].
+/// p = XOR of the data, q = sum g^j * data[j] (md / ISA-L pq_gen order; zeros for no data).
 pub fn gen_pq(data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
-    gen_pq_with(kernel(), data, p, q)
+    gen_pq_ops(ops(), data, p, q)
 }
 
-/// gen_pq on a chosen kernel (tests and the benchmark compare them).
-pub fn gen_pq_with(k: Kernel, data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
-    debug_assert!(data.iter().all(|d| d.len() == p.len()) && q.len() == p.len());
-    if data.is_empty() {
-        p.fill(0);
-        q.fill(0);
-        return;
-    }
-    match k {
-        // SAFETY: the kernel was chosen by feature detection (or by available_kernels()).
-        #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 => unsafe { x86::gen_pq_avx2(data, p, q) },
-        #[cfg(target_arch = "x86_64")]
-        Kernel::Sse => unsafe { x86::gen_pq_sse2(data, p, q) },
-        _ => scalar::gen_pq(data, p, q),
-    }
+fn gen_pq_ops(ops: &Ops, data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
+    debug_assert_eq!(p.len(), q.len(), "parity buffers differ in length");
+    with_ptrs(data, p.len().min(q.len()), |src, len| {
+        // SAFETY: every buffer holds at least len bytes.
+        unsafe { (ops.gen_pq)(src, p.as_mut_ptr(), q.as_mut_ptr(), len) }
+    })
 }
 
-fn mul_with(k: Kernel, c: u8, src: &[u8], dst: &mut [u8], accumulate: bool) {
-    debug_assert_eq!(src.len(), dst.len());
-    match k {
-        // SAFETY: as in gen_pq_with.
-        #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 => unsafe { x86::mul_avx2(c, src, dst, accumulate) },
-        #[cfg(target_arch = "x86_64")]
-        Kernel::Sse => unsafe { x86::mul_ssse3(c, src, dst, accumulate) },
-        _ if accumulate => scalar::mul_xor_into(c, src, dst),
-        _ => scalar::mul_into(c, src, dst),
-    }
+fn mul_ops(ops: &Ops, c: u8, src: &[u8], dst: &mut [u8], accumulate: bool) {
+    debug_assert_eq!(src.len(), dst.len(), "parity buffers differ in length");
+    let len = src.len().min(dst.len());
+    let f = if accumulate { ops.mul_acc } else { ops.mul };
+    // SAFETY: both valid for len bytes; a null second operand reads as zeros.
+    unsafe { f(c, src.as_ptr(), std::ptr::null(), dst.as_mut_ptr(), len) }
 }
 
 /// dst = c * src
 pub fn mul_into(c: u8, src: &[u8], dst: &mut [u8]) {
-    mul_with(kernel(), c, src, dst, false)
+    mul_ops(ops(), c, src, dst, false)
 }
 
 /// dst ^= c * src
 pub fn mul_xor_into(c: u8, src: &[u8], dst: &mut [u8]) {
-    mul_with(kernel(), c, src, dst, true)
+    mul_ops(ops(), c, src, dst, true)
 }
 
-/// mul_xor_into on a chosen kernel.
-pub fn mul_xor_into_with(k: Kernel, c: u8, src: &[u8], dst: &mut [u8]) {
-    mul_with(k, c, src, dst, true)
+/// gen_pq on a chosen kernel. Panics if `kernel` is not available (see `available_kernels`).
+pub fn gen_pq_with(kernel: Kernel, data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
+    gen_pq_ops(&kernel.ops(), data, p, q)
 }
 
-/// RAID5: rebuilds strips[missing] from the others (k data strips then P).
+/// gen_p on a chosen kernel. Panics if `kernel` is not available.
+pub fn gen_p_with(kernel: Kernel, data: &[&[u8]], p: &mut [u8]) {
+    gen_p_ops(&kernel.ops(), data, p)
+}
+
+/// xor_into on a chosen kernel. Panics if `kernel` is not available.
+pub fn xor_into_with(kernel: Kernel, dst: &mut [u8], src: &[u8]) {
+    xor_into_ops(&kernel.ops(), dst, src)
+}
+
+/// mul_into on a chosen kernel. Panics if `kernel` is not available.
+pub fn mul_into_with(kernel: Kernel, c: u8, src: &[u8], dst: &mut [u8]) {
+    mul_ops(&kernel.ops(), c, src, dst, false)
+}
+
+/// mul_xor_into on a chosen kernel. Panics if `kernel` is not available.
+pub fn mul_xor_into_with(kernel: Kernel, c: u8, src: &[u8], dst: &mut [u8]) {
+    mul_ops(&kernel.ops(), c, src, dst, true)
+}
+
+/// RAID5: rebuilds strips[missing] as the XOR of the others (k data strips then P; any one of
+/// them may be the missing one). An index outside the stripe changes nothing.
 pub fn raid5_recover(strips: &mut [&mut [u8]], missing: usize) {
-    let n = strips.len();
-    if missing >= n {
+    raid5_recover_ops(ops(), strips, missing)
+}
+
+/// raid5_recover on a chosen kernel. Panics if `kernel` is not available.
+pub fn raid5_recover_with(kernel: Kernel, strips: &mut [&mut [u8]], missing: usize) {
+    raid5_recover_ops(&kernel.ops(), strips, missing)
+}
+
+fn raid5_recover_ops(ops: &Ops, strips: &mut [&mut [u8]], missing: usize) {
+    if missing >= strips.len() {
         return;
     }
-    let acc = std::mem::take(&mut strips[missing]);
-    acc.fill(0);
-    for (i, s) in strips.iter().enumerate() {
-        if i != missing {
-            xor_into(acc, s);
-        }
+    let target = std::mem::take(&mut strips[missing]);
+    {
+        let others: Vec<&[u8]> = strips
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != missing)
+            .map(|(_, s)| &s[..])
+            .collect();
+        gen_p_ops(ops, &others, target);
     }
-    strips[missing] = acc;
+    strips[missing] = target;
 }
 
-/// P and Q of the data strips of `strips` (the first k) into fresh buffers.
-fn syndromes(strips: &[&mut [u8]], k: usize) -> (Vec<u8>, Vec<u8>) {
-    let len = strips[0].len();
-    let mut p = vec![0u8; len];
-    let mut q = vec![0u8; len];
-    let data: Vec<&[u8]> = strips[..k].iter().map(|s| &s[..]).collect();
-    gen_pq(&data, &mut p, &mut q);
-    (p, q)
-}
-
-/// RAID6: strips = k data strips (syndrome order), P, Q. Rebuilds the one or two strips listed
-/// in `missing`, whatever they hold now.
+/// RAID6: strips = k data strips (syndrome order), P, Q. Rebuilds in place the one or two
+/// strips listed in `missing` (any pair: two data, data and P, data and Q, P and Q), whatever
+/// they hold now; the others must be intact. Repeated indices count once.
 pub fn raid6_recover(strips: &mut [&mut [u8]], missing: &[usize]) -> Result<(), ParityError> {
+    raid6_recover_ops(ops(), strips, missing)
+}
+
+/// raid6_recover on a chosen kernel. Panics if `kernel` is not available.
+pub fn raid6_recover_with(
+    kernel: Kernel,
+    strips: &mut [&mut [u8]],
+    missing: &[usize],
+) -> Result<(), ParityError> {
+    raid6_recover_ops(&kernel.ops(), strips, missing)
+}
+
+fn raid6_recover_ops(
+    ops: &Ops,
+    strips: &mut [&mut [u8]],
+    missing: &[usize],
+) -> Result<(), ParityError> {
     let n = strips.len();
-    if n < 3 {
+    // g^j repeats after 255 strips: past that, Q no longer tells strips apart.
+    if !(3..=257).contains(&n) {
         return Err(ParityError::BadIndex);
     }
     let len = strips[0].len();
     if strips.iter().any(|s| s.len() != len) {
         return Err(ParityError::LengthMismatch);
     }
-    let k = n - 2;
-    let mut m: Vec<usize> = missing.to_vec();
+    let mut m = [usize::MAX; 2];
+    let mut count = 0;
+    for &i in missing {
+        if i >= n {
+            return Err(ParityError::BadIndex);
+        }
+        if m[..count].contains(&i) {
+            continue;
+        }
+        if count == 2 {
+            return Err(ParityError::TooManyMissing);
+        }
+        m[count] = i;
+        count += 1;
+    }
+    let m = &mut m[..count];
     m.sort_unstable();
-    m.dedup();
-    if m.len() > 2 {
-        return Err(ParityError::TooManyMissing);
-    }
-    if m.iter().any(|&i| i >= n) {
-        return Err(ParityError::BadIndex);
-    }
+    let k = n - 2;
     let (pi, qi) = (k, k + 1);
-    match m[..] {
-        [] => {}
-        // Only parity lost: recompute it.
-        [a] | [a, _] if a >= k => {
-            let (p, q) = syndromes(strips, k);
-            strips[pi].copy_from_slice(&p);
-            strips[qi].copy_from_slice(&q);
-        }
-        // One data strip (and maybe Q): from P.
-        [a] | [a, _] if m.len() == 1 || m[1] == qi => {
-            let mut acc = vec![0u8; len];
-            for (i, s) in strips[..=k].iter().enumerate() {
-                if i != a {
-                    xor_into(&mut acc, s);
+    // From here on only raw pointers, one per strip: kernels read some strips while writing
+    // others (and sometimes the same strip, column by column).
+    let ptr: Vec<*mut u8> = strips.iter_mut().map(|s| s.as_mut_ptr()).collect();
+    let data_without = |skip: &[usize]| -> Vec<*const u8> {
+        (0..k)
+            .map(|j| {
+                if skip.contains(&j) {
+                    std::ptr::null()
+                } else {
+                    ptr[j] as *const u8
                 }
+            })
+            .collect()
+    };
+    let all_but = |skip: usize| -> Vec<*const u8> {
+        (0..=k)
+            .filter(|&j| j != skip)
+            .map(|j| ptr[j] as *const u8)
+            .collect()
+    };
+    // SAFETY: every pointer is its strip's start, valid for len bytes, and no reference to a
+    // strip is used until they are dropped; outputs that are also inputs are allowed by the
+    // kernels (kernel.rs).
+    unsafe {
+        match *m {
+            [] => {}
+            // Parity only: recompute what is missing.
+            [a] if a == pi => (ops.gen_p)(&data_without(&[]), ptr[pi], len),
+            [a] if a == qi => (ops.gen_pq)(&data_without(&[]), std::ptr::null_mut(), ptr[qi], len),
+            [a, _] if a == pi => (ops.gen_pq)(&data_without(&[]), ptr[pi], ptr[qi], len),
+            // One data strip, with or without Q: from P, then Q from the data.
+            [x] => (ops.gen_p)(&all_but(x), ptr[x], len),
+            [x, b] if b == qi => {
+                (ops.gen_p)(&all_but(x), ptr[x], len);
+                (ops.gen_pq)(&data_without(&[]), std::ptr::null_mut(), ptr[qi], len);
             }
-            strips[a].copy_from_slice(&acc);
-            if m.len() == 2 {
-                let (_, q) = syndromes(strips, k);
-                strips[qi].copy_from_slice(&q);
+            // A data strip and P: Q ^ Q' = g^x * Dx, with Q' the syndrome without Dx (built in
+            // Dx's own strip); then P from the data.
+            [x, b] if b == pi => {
+                (ops.gen_pq)(&data_without(&[x]), std::ptr::null_mut(), ptr[x], len);
+                (ops.mul)(gf::inv(gf::exp(x)), ptr[qi], ptr[x], ptr[x], len);
+                (ops.gen_p)(&data_without(&[]), ptr[pi], len);
             }
-        }
-        // One data strip and P: from Q. Q ^ Q(with D_a = 0) = g^a * D_a.
-        [a, b] if b == pi => {
-            strips[a].fill(0);
-            let (_, q0) = syndromes(strips, k);
-            let mut d = strips[qi].to_vec();
-            xor_into(&mut d, &q0);
-            mul_into(gf::inv(gf::exp(a)), &d, strips[a]);
-            let (p, _) = syndromes(strips, k);
-            strips[pi].copy_from_slice(&p);
-        }
-        // Two data strips: below.
-        [_, _] => {}
-        _ => unreachable!("at most two, checked above"),
-    }
-    if let [x, y] = m[..] {
-        if y < k {
-            // Two data strips: with Pxy = P ^ P', Qxy = Q ^ Q' (P', Q' with both zeroed),
-            // Dx = A*Pxy ^ B*Qxy and Dy = Pxy ^ Dx, where A = g^(y-x)/(g^(y-x)+1) and
-            // B = g^-x/(g^(y-x)+1).
-            strips[x].fill(0);
-            strips[y].fill(0);
-            let (mut pxy, mut qxy) = syndromes(strips, k);
-            xor_into(&mut pxy, strips[pi]);
-            xor_into(&mut qxy, strips[qi]);
-            let gyx = gf::exp(y - x);
-            let denom = gf::inv(gyx ^ 1);
-            let a = gf::mul(gyx, denom);
-            let b = gf::mul(gf::inv(gf::exp(x)), denom);
-            mul_into(a, &pxy, strips[x]);
-            mul_xor_into(b, &qxy, strips[x]);
-            strips[y].copy_from_slice(&pxy);
-            let dx = strips[x].to_vec();
-            xor_into(strips[y], &dx);
+            // Two data strips: P' and Q' without them, built in their own strips, then
+            // Dx = A*(P^P') ^ B*(Q^Q') with A = g^(y-x)/(g^(y-x)+1), B = g^-x/(g^(y-x)+1), and
+            // Dy = (P^P') ^ Dx.
+            [x, y] => {
+                (ops.gen_pq)(&data_without(&[x, y]), ptr[x], ptr[y], len);
+                let gyx = gf::exp(y - x);
+                let denom = gf::inv(gyx ^ 1);
+                let a = gf::mul(gyx, denom);
+                let b = gf::mul(gf::inv(gf::exp(x)), denom);
+                (ops.two_data)(a, b, ptr[pi], ptr[qi], ptr[x], ptr[y], len);
+            }
+            _ => unreachable!("at most two distinct indices are kept"),
         }
     }
     Ok(())
 }
 
 /// What a RAID6 stripe's P and Q say about its data.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Raid6Check {
     Clean,
-    /// Only P disagrees: P is wrong.
+    /// Only P disagrees with the data: P is wrong.
     POnly,
     /// Only Q disagrees: Q is wrong.
     QOnly,
@@ -283,42 +444,44 @@ pub enum Raid6Check {
     Data {
         index: usize,
     },
-    /// More than one strip is wrong; nothing can be located.
+    /// Both disagree and no single data strip explains it: two or more strips are wrong.
     Unlocatable,
 }
 
-/// Compares a stripe's P and Q with its data. Where exactly one data strip is wrong, the
-/// syndromes Sp = P ^ P' and Sq = Q ^ Q' satisfy Sq = g^z * Sp at every byte it corrupts, for
-/// the same z: that z names the strip (md can only count such mismatches).
+/// Compares a stripe's P and Q (strips = k data strips, P, Q) with its data. Where exactly one
+/// data strip z is wrong, by an error e, the syndromes are Sp = P ^ P' = e and
+/// Sq = Q ^ Q' = g^z * e at every byte it corrupts, so log(Sq) - log(Sp) is the same z at each
+/// such byte and names the strip (md can only count such mismatches). A stripe of fewer than
+/// three strips is Unlocatable.
 pub fn raid6_check(strips: &[&[u8]]) -> Raid6Check {
     let n = strips.len();
     if n < 3 {
         return Raid6Check::Unlocatable;
     }
     let k = n - 2;
-    let len = strips[0].len();
-    let mut p = vec![0u8; len];
-    let mut q = vec![0u8; len];
-    gen_pq(&strips[..k], &mut p, &mut q);
-    xor_into(&mut p, strips[k]);
-    xor_into(&mut q, strips[k + 1]);
-    let p_bad = p.iter().any(|&b| b != 0);
-    let q_bad = q.iter().any(|&b| b != 0);
+    let len = strips.iter().map(|s| s.len()).min().unwrap_or(0);
+    let mut sp = vec![0u8; len];
+    let mut sq = vec![0u8; len];
+    gen_pq(&strips[..k], &mut sp, &mut sq);
+    xor_into(&mut sp, &strips[k][..len]);
+    xor_into(&mut sq, &strips[k + 1][..len]);
+    let p_bad = sp.iter().any(|&b| b != 0);
+    let q_bad = sq.iter().any(|&b| b != 0);
     match (p_bad, q_bad) {
         (false, false) => return Raid6Check::Clean,
         (true, false) => return Raid6Check::POnly,
         (false, true) => return Raid6Check::QOnly,
-        _ => {}
+        (true, true) => {}
     }
     let mut z: Option<usize> = None;
-    for (&sp, &sq) in p.iter().zip(&q) {
-        if sp == 0 && sq == 0 {
-            continue;
+    for (&p, &q) in sp.iter().zip(&sq) {
+        match (p, q) {
+            (0, 0) => continue,
+            // One syndrome without the other: not a single data strip's error.
+            (0, _) | (_, 0) => return Raid6Check::Unlocatable,
+            _ => {}
         }
-        if sp == 0 || sq == 0 {
-            return Raid6Check::Unlocatable;
-        }
-        let zz = (gf::log(sq) as usize + 255 - gf::log(sp) as usize) % 255;
+        let zz = (gf::log(q) as usize + 255 - gf::log(p) as usize) % 255;
         if zz >= k || z.is_some_and(|z| z != zz) {
             return Raid6Check::Unlocatable;
         }
@@ -330,12 +493,25 @@ pub fn raid6_check(strips: &[&[u8]]) -> Raid6Check {
     }
 }
 
-/// Whether a RAID5 stripe's P agrees with its data.
+/// Whether a RAID5 stripe (k data strips then P) is consistent: the XOR of all its strips is
+/// zero. An empty stripe is consistent.
 pub fn raid5_check(strips: &[&[u8]]) -> bool {
-    let len = strips[0].len();
-    let mut acc = vec![0u8; len];
-    for s in strips {
-        xor_into(&mut acc, s);
+    let len = strips.iter().map(|s| s.len()).min().unwrap_or(0);
+    // In chunks, so that a large stripe needs no buffer its size.
+    const CHUNK: usize = 16 << 10;
+    let mut acc = vec![0u8; CHUNK.min(len)];
+    let mut parts: Vec<&[u8]> = Vec::with_capacity(strips.len());
+    let mut at = 0;
+    while at < len {
+        let end = (at + CHUNK).min(len);
+        parts.clear();
+        parts.extend(strips.iter().map(|s| &s[at..end]));
+        let acc = &mut acc[..end - at];
+        gen_p(&parts, acc);
+        if acc.iter().any(|&b| b != 0) {
+            return false;
+        }
+        at = end;
     }
-    acc.iter().all(|&b| b == 0)
+    true
 }

@@ -1,86 +1,72 @@
-//! Portable kernels: eight bytes at a time in a u64 where the operation allows it.
+//! The portable kernel: eight bytes at a time in a u64 (SWAR), which every target has.
+
+use crate::kernel::{self, Lanes};
 
 const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
 const HIGH: u64 = 0x8080_8080_8080_8080;
 
-/// Multiplies each of eight packed bytes by 2 in GF(2^8).
-#[inline(always)]
-fn mul2(v: u64) -> u64 {
-    let hi = (v & HIGH) >> 7;
-    ((v & LOW7) << 1) ^ (hi * 0x1d)
-}
+#[derive(Clone, Copy)]
+pub(crate) struct Swar(u64);
 
-#[inline(always)]
-fn load(s: &[u8], i: usize) -> u64 {
-    u64::from_ne_bytes(s[i..i + 8].try_into().unwrap())
-}
+impl Lanes for Swar {
+    const N: usize = 8;
+    type Table = &'static [u8; 256];
 
-pub fn gen_pq(data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
-    let len = p.len();
-    let k = data.len();
-    let body = len / 8 * 8;
-    let mut i = 0;
-    while i < body {
-        let mut pv = load(data[k - 1], i);
-        let mut qv = pv;
-        for d in data[..k - 1].iter().rev() {
-            let v = load(d, i);
-            pv ^= v;
-            qv = mul2(qv) ^ v;
-        }
-        p[i..i + 8].copy_from_slice(&pv.to_ne_bytes());
-        q[i..i + 8].copy_from_slice(&qv.to_ne_bytes());
-        i += 8;
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> Self {
+        Swar((p as *const u64).read_unaligned())
     }
-    tail_pq(data, p, q, body);
-}
-
-/// The bytes from `from` on, one at a time.
-pub fn tail_pq(data: &[&[u8]], p: &mut [u8], q: &mut [u8], from: usize) {
-    let k = data.len();
-    for i in from..p.len() {
-        let mut pv = data[k - 1][i];
-        let mut qv = pv;
-        for d in data[..k - 1].iter().rev() {
-            pv ^= d[i];
-            qv = crate::gf::mul(qv, 2) ^ d[i];
-        }
-        p[i] = pv;
-        q[i] = qv;
+    #[inline(always)]
+    unsafe fn store(p: *mut u8, v: Self) {
+        (p as *mut u64).write_unaligned(v.0)
+    }
+    #[inline(always)]
+    unsafe fn xor(a: Self, b: Self) -> Self {
+        Swar(a.0 ^ b.0)
+    }
+    /// Shift each byte left within its lane, and fold the bit shifted out of each byte back in
+    /// as the polynomial 0x1d (a multiply by 0/1 per byte, which cannot carry between bytes).
+    #[inline(always)]
+    unsafe fn mul2(a: Self) -> Self {
+        let hi = (a.0 & HIGH) >> 7;
+        Swar(((a.0 & LOW7) << 1) ^ (hi * 0x1d))
+    }
+    #[inline(always)]
+    unsafe fn table(c: u8) -> Self::Table {
+        crate::gf::mul_row(c)
+    }
+    /// No portable way to multiply bytes by an arbitrary constant in parallel: a table lookup
+    /// per byte.
+    #[inline(always)]
+    unsafe fn mul(t: &Self::Table, v: Self) -> Self {
+        Swar(u64::from_ne_bytes(v.0.to_ne_bytes().map(|b| t[b as usize])))
     }
 }
 
-pub fn gen_p(data: &[&[u8]], p: &mut [u8]) {
-    p.copy_from_slice(data[0]);
-    for d in &data[1..] {
-        xor_into(p, d);
-    }
-}
+// Four u64 per column: enough independent chains for a superscalar core without vectors.
+const W: usize = 4;
 
-pub fn xor_into(dst: &mut [u8], src: &[u8]) {
-    // Plain loops over fixed chunks: the compiler vectorises these with the baseline SIMD.
-    let mut dc = dst.chunks_exact_mut(64);
-    let mut sc = src.chunks_exact(64);
-    for (d, s) in (&mut dc).zip(&mut sc) {
-        for (a, b) in d.iter_mut().zip(s) {
-            *a ^= *b;
-        }
-    }
-    for (a, b) in dc.into_remainder().iter_mut().zip(sc.remainder()) {
-        *a ^= *b;
-    }
+pub(crate) unsafe fn gen_pq(src: &[*const u8], p: *mut u8, q: *mut u8, len: usize) {
+    kernel::gen_pq::<Swar, W>(src, p, q, len)
 }
-
-pub fn mul_xor_into(c: u8, src: &[u8], dst: &mut [u8]) {
-    let row = crate::gf::mul_row(c);
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d ^= row[*s as usize];
-    }
+pub(crate) unsafe fn gen_p(src: &[*const u8], p: *mut u8, len: usize) {
+    kernel::gen_p::<Swar, W>(src, p, len)
 }
-
-pub fn mul_into(c: u8, src: &[u8], dst: &mut [u8]) {
-    let row = crate::gf::mul_row(c);
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d = row[*s as usize];
-    }
+pub(crate) unsafe fn mul(c: u8, a: *const u8, b: *const u8, dst: *mut u8, len: usize) {
+    kernel::mul::<Swar, 1, false>(c, a, b, dst, len)
+}
+pub(crate) unsafe fn mul_acc(c: u8, a: *const u8, b: *const u8, dst: *mut u8, len: usize) {
+    kernel::mul::<Swar, 1, true>(c, a, b, dst, len)
+}
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn two_data(
+    a: u8,
+    b: u8,
+    p: *const u8,
+    q: *const u8,
+    px: *mut u8,
+    qy: *mut u8,
+    len: usize,
+) {
+    kernel::two_data::<Swar, 1>(a, b, p, q, px, qy, len)
 }

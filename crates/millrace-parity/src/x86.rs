@@ -1,179 +1,332 @@
-//! x86-64 kernels. gen_pq uses Horner's scheme with multiply-by-2 done as a shift and a
-//! conditional xor of 0x1d (no tables), so it needs only SSE2 or AVX2; multiply by an arbitrary
-//! constant uses two 16-entry nibble tables and pshufb (SSSE3 or AVX2).
+//! x86-64 vector types for the generic kernels, and their `#[target_feature]` entry points.
+//!
+//! Multiply by 2, the step of Horner's scheme for Q, comes in two forms:
+//! - shift-and-reduce: double every byte with a byte add, and XOR 0x1d into the bytes whose top
+//!   bit fell off (selected by a compare, a blend on the sign bit, or an AVX-512 mask);
+//! - GFNI: one GF2P8AFFINEQB with the bit matrix of "times 2" (see gf::affine_matrix).
+//!
+//! Multiply by an arbitrary constant uses split-nibble tables: PSHUFB looks up the products of
+//! the low and of the high nibble of every byte in two 16-byte tables, and XORs them. With GFNI
+//! it is again a single affine instruction. SSE2 alone has no byte shuffle, so it multiplies by
+//! doubling and adding (one doubling per bit of the constant).
 
 #![allow(clippy::missing_safety_doc)]
 
+use crate::kernel::{self, Lanes};
+use crate::Ops;
 use std::arch::x86_64::*;
 
-/// SAFETY (all functions here): the caller checked the CPU feature named in `target_feature`,
-/// and every slice of one call has the length of `p`/`dst`.
-/// Columns of 128 bytes: four vectors of P and Q in flight keep the load and ALU ports busy
-/// while Horner's chain for each vector stays serial.
-#[target_feature(enable = "avx2")]
-pub unsafe fn gen_pq_avx2(data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
-    const W: usize = 4;
-    let len = p.len();
-    let k = data.len();
-    let poly = _mm256_set1_epi8(0x1d);
-    let zero = _mm256_setzero_si256();
-    let body = len / (32 * W) * (32 * W);
-    let ptrs: Vec<*const u8> = data.iter().map(|d| d.as_ptr()).collect();
-    let mut i = 0;
-    while i < body {
-        let last = ptrs[k - 1].add(i);
-        let mut pv = [zero; W];
-        for (w, v) in pv.iter_mut().enumerate() {
-            *v = _mm256_loadu_si256(last.add(32 * w) as *const __m256i);
-        }
-        let mut qv = pv;
-        for &d in ptrs[..k - 1].iter().rev() {
-            let s = d.add(i);
-            for w in 0..W {
-                let dv = _mm256_loadu_si256(s.add(32 * w) as *const __m256i);
-                // q = 2q: bytes with the top bit set wrap around through the polynomial.
-                let m = _mm256_cmpgt_epi8(zero, qv[w]);
-                let dbl = _mm256_add_epi8(qv[w], qv[w]);
-                qv[w] = _mm256_xor_si256(_mm256_xor_si256(dbl, _mm256_and_si256(m, poly)), dv);
-                pv[w] = _mm256_xor_si256(pv[w], dv);
+/// A module of `#[target_feature]` functions for one vector type, and its `Ops`. The numbers
+/// are the vectors per column (unroll) of gen_pq, of gen_p and of the multiplies: as many as
+/// the registers hold, so that independent chains keep every vector port busy.
+macro_rules! entry_points {
+    ($name:ident, $v:ty, $feat:literal, $w_pq:literal, $w_p:literal, $w_mul:literal) => {
+        pub(crate) mod $name {
+            use super::*;
+
+            #[target_feature(enable = $feat)]
+            unsafe fn gen_pq(src: &[*const u8], p: *mut u8, q: *mut u8, len: usize) {
+                kernel::gen_pq::<$v, $w_pq>(src, p, q, len)
             }
+            #[target_feature(enable = $feat)]
+            unsafe fn gen_p(src: &[*const u8], p: *mut u8, len: usize) {
+                kernel::gen_p::<$v, $w_p>(src, p, len)
+            }
+            #[target_feature(enable = $feat)]
+            unsafe fn mul(c: u8, a: *const u8, b: *const u8, dst: *mut u8, len: usize) {
+                kernel::mul::<$v, $w_mul, false>(c, a, b, dst, len)
+            }
+            #[target_feature(enable = $feat)]
+            unsafe fn mul_acc(c: u8, a: *const u8, b: *const u8, dst: *mut u8, len: usize) {
+                kernel::mul::<$v, $w_mul, true>(c, a, b, dst, len)
+            }
+            #[target_feature(enable = $feat)]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn two_data(
+                a: u8,
+                b: u8,
+                p: *const u8,
+                q: *const u8,
+                px: *mut u8,
+                qy: *mut u8,
+                len: usize,
+            ) {
+                kernel::two_data::<$v, 2>(a, b, p, q, px, qy, len)
+            }
+
+            pub(crate) const OPS: Ops = Ops {
+                gen_pq,
+                gen_p,
+                mul,
+                mul_acc,
+                two_data,
+            };
         }
-        let pp = p.as_mut_ptr().add(i);
-        let qq = q.as_mut_ptr().add(i);
-        for w in 0..W {
-            _mm256_storeu_si256(pp.add(32 * w) as *mut __m256i, pv[w]);
-            _mm256_storeu_si256(qq.add(32 * w) as *mut __m256i, qv[w]);
-        }
-        i += 32 * W;
-    }
-    crate::scalar::tail_pq(data, p, q, body);
+    };
 }
 
-/// P in one pass over the data (not one pass per strip), 128 bytes per column.
-#[target_feature(enable = "avx2")]
-pub unsafe fn gen_p_avx2(data: &[&[u8]], p: &mut [u8]) {
-    const W: usize = 4;
-    let len = p.len();
-    let body = len / (32 * W) * (32 * W);
-    let ptrs: Vec<*const u8> = data.iter().map(|d| d.as_ptr()).collect();
-    let mut i = 0;
-    while i < body {
-        let mut pv = [_mm256_setzero_si256(); W];
-        for &d in &ptrs {
-            let s = d.add(i);
-            for (w, v) in pv.iter_mut().enumerate() {
-                *v = _mm256_xor_si256(*v, _mm256_loadu_si256(s.add(32 * w) as *const __m256i));
-            }
-        }
-        let pp = p.as_mut_ptr().add(i);
-        for (w, v) in pv.iter().enumerate() {
-            _mm256_storeu_si256(pp.add(32 * w) as *mut __m256i, *v);
-        }
-        i += 32 * W;
-    }
-    for (j, b) in p.iter_mut().enumerate().skip(body) {
-        *b = data.iter().fold(0, |acc, d| acc ^ d[j]);
-    }
-}
+#[derive(Clone, Copy)]
+pub(crate) struct Sse2(__m128i);
+#[derive(Clone, Copy)]
+pub(crate) struct Ssse3(__m128i);
+#[derive(Clone, Copy)]
+pub(crate) struct Avx2(__m256i);
 
-#[target_feature(enable = "sse2")]
-pub unsafe fn gen_pq_sse2(data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
-    let len = p.len();
-    let k = data.len();
-    let poly = _mm_set1_epi8(0x1d);
+#[inline(always)]
+unsafe fn mul2_128(a: __m128i) -> __m128i {
     let zero = _mm_setzero_si128();
-    let body = len / 32 * 32;
-    let mut i = 0;
-    while i < body {
-        let last = data[k - 1].as_ptr().add(i);
-        let mut p0 = _mm_loadu_si128(last as *const __m128i);
-        let mut p1 = _mm_loadu_si128(last.add(16) as *const __m128i);
-        let mut q0 = p0;
-        let mut q1 = p1;
-        for d in data[..k - 1].iter().rev() {
-            let s = d.as_ptr().add(i);
-            let d0 = _mm_loadu_si128(s as *const __m128i);
-            let d1 = _mm_loadu_si128(s.add(16) as *const __m128i);
-            let m0 = _mm_cmpgt_epi8(zero, q0);
-            let m1 = _mm_cmpgt_epi8(zero, q1);
-            q0 = _mm_add_epi8(q0, q0);
-            q1 = _mm_add_epi8(q1, q1);
-            q0 = _mm_xor_si128(q0, _mm_and_si128(m0, poly));
-            q1 = _mm_xor_si128(q1, _mm_and_si128(m1, poly));
-            q0 = _mm_xor_si128(q0, d0);
-            q1 = _mm_xor_si128(q1, d1);
-            p0 = _mm_xor_si128(p0, d0);
-            p1 = _mm_xor_si128(p1, d1);
+    let carry = _mm_and_si128(_mm_cmpgt_epi8(zero, a), _mm_set1_epi8(0x1d));
+    _mm_xor_si128(_mm_add_epi8(a, a), carry)
+}
+
+impl Lanes for Sse2 {
+    const N: usize = 16;
+    type Table = u8;
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> Self {
+        Sse2(_mm_loadu_si128(p as *const __m128i))
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut u8, v: Self) {
+        _mm_storeu_si128(p as *mut __m128i, v.0)
+    }
+    #[inline(always)]
+    unsafe fn xor(a: Self, b: Self) -> Self {
+        Sse2(_mm_xor_si128(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn mul2(a: Self) -> Self {
+        Sse2(mul2_128(a.0))
+    }
+    #[inline(always)]
+    unsafe fn table(c: u8) -> u8 {
+        c
+    }
+    #[inline(always)]
+    unsafe fn mul(c: &u8, v: Self) -> Self {
+        let mut acc = _mm_setzero_si128();
+        let mut x = v.0;
+        let mut c = *c;
+        while c != 0 {
+            if c & 1 != 0 {
+                acc = _mm_xor_si128(acc, x);
+            }
+            c >>= 1;
+            x = mul2_128(x);
         }
-        let pp = p.as_mut_ptr().add(i);
-        let qq = q.as_mut_ptr().add(i);
-        _mm_storeu_si128(pp as *mut __m128i, p0);
-        _mm_storeu_si128(pp.add(16) as *mut __m128i, p1);
-        _mm_storeu_si128(qq as *mut __m128i, q0);
-        _mm_storeu_si128(qq.add(16) as *mut __m128i, q1);
-        i += 32;
+        Sse2(acc)
     }
-    crate::scalar::tail_pq(data, p, q, body);
 }
 
-fn nibble_tables(c: u8) -> ([u8; 16], [u8; 16]) {
-    let lo = core::array::from_fn(|x| crate::gf::mul(c, x as u8));
-    let hi = core::array::from_fn(|x| crate::gf::mul(c, (x as u8) << 4));
-    (lo, hi)
+impl Lanes for Ssse3 {
+    const N: usize = 16;
+    type Table = (__m128i, __m128i);
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> Self {
+        Ssse3(_mm_loadu_si128(p as *const __m128i))
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut u8, v: Self) {
+        _mm_storeu_si128(p as *mut __m128i, v.0)
+    }
+    #[inline(always)]
+    unsafe fn xor(a: Self, b: Self) -> Self {
+        Ssse3(_mm_xor_si128(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn mul2(a: Self) -> Self {
+        Ssse3(mul2_128(a.0))
+    }
+    #[inline(always)]
+    unsafe fn table(c: u8) -> Self::Table {
+        let (lo, hi) = crate::gf::nibble_tables(c);
+        (
+            _mm_loadu_si128(lo.as_ptr() as *const __m128i),
+            _mm_loadu_si128(hi.as_ptr() as *const __m128i),
+        )
+    }
+    #[inline(always)]
+    unsafe fn mul(t: &Self::Table, v: Self) -> Self {
+        let mask = _mm_set1_epi8(0x0f);
+        let l = _mm_shuffle_epi8(t.0, _mm_and_si128(v.0, mask));
+        let h = _mm_shuffle_epi8(t.1, _mm_and_si128(_mm_srli_epi64(v.0, 4), mask));
+        Ssse3(_mm_xor_si128(l, h))
+    }
 }
 
-#[target_feature(enable = "avx2")]
-pub unsafe fn mul_avx2(c: u8, src: &[u8], dst: &mut [u8], accumulate: bool) {
-    let (lo, hi) = nibble_tables(c);
-    let lo = _mm256_broadcastsi128_si256(_mm_loadu_si128(lo.as_ptr() as *const __m128i));
-    let hi = _mm256_broadcastsi128_si256(_mm_loadu_si128(hi.as_ptr() as *const __m128i));
-    let mask = _mm256_set1_epi8(0x0f);
-    let len = dst.len();
-    let body = len / 32 * 32;
-    let mut i = 0;
-    while i < body {
-        let v = _mm256_loadu_si256(src.as_ptr().add(i) as *const __m256i);
-        let l = _mm256_shuffle_epi8(lo, _mm256_and_si256(v, mask));
-        let h = _mm256_shuffle_epi8(hi, _mm256_and_si256(_mm256_srli_epi64(v, 4), mask));
-        let mut r = _mm256_xor_si256(l, h);
-        let dp = dst.as_mut_ptr().add(i) as *mut __m256i;
-        if accumulate {
-            r = _mm256_xor_si256(r, _mm256_loadu_si256(dp));
+impl Lanes for Avx2 {
+    const N: usize = 32;
+    type Table = (__m256i, __m256i);
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> Self {
+        Avx2(_mm256_loadu_si256(p as *const __m256i))
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut u8, v: Self) {
+        _mm256_storeu_si256(p as *mut __m256i, v.0)
+    }
+    #[inline(always)]
+    unsafe fn xor(a: Self, b: Self) -> Self {
+        Avx2(_mm256_xor_si256(a.0, b.0))
+    }
+    /// The blend picks 0x1d by each byte's sign bit: one instruction where compare-and-mask
+    /// takes two (on AMD; on Intel before GFNI the two cost the same).
+    #[inline(always)]
+    unsafe fn mul2(a: Self) -> Self {
+        let carry = _mm256_blendv_epi8(_mm256_setzero_si256(), _mm256_set1_epi8(0x1d), a.0);
+        Avx2(_mm256_xor_si256(_mm256_add_epi8(a.0, a.0), carry))
+    }
+    #[inline(always)]
+    unsafe fn table(c: u8) -> Self::Table {
+        let (lo, hi) = crate::gf::nibble_tables(c);
+        (
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(lo.as_ptr() as *const __m128i)),
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(hi.as_ptr() as *const __m128i)),
+        )
+    }
+    #[inline(always)]
+    unsafe fn mul(t: &Self::Table, v: Self) -> Self {
+        let mask = _mm256_set1_epi8(0x0f);
+        let l = _mm256_shuffle_epi8(t.0, _mm256_and_si256(v.0, mask));
+        let h = _mm256_shuffle_epi8(t.1, _mm256_and_si256(_mm256_srli_epi64(v.0, 4), mask));
+        Avx2(_mm256_xor_si256(l, h))
+    }
+}
+
+/// The AVX-512 and GFNI intrinsics are stable from Rust 1.89 (build.rs sets the cfg); older
+/// compilers build without these kernels.
+#[cfg(millrace_avx512)]
+mod wide {
+    use super::*;
+    use crate::gf::affine_matrix;
+
+    const TIMES2: i64 = affine_matrix(2) as i64;
+
+    #[derive(Clone, Copy)]
+    pub(crate) struct Avx2Gfni(__m256i);
+    #[derive(Clone, Copy)]
+    pub(crate) struct Avx512(__m512i);
+    #[derive(Clone, Copy)]
+    pub(crate) struct Avx512Gfni(__m512i);
+
+    impl Lanes for Avx2Gfni {
+        const N: usize = 32;
+        type Table = __m256i;
+        #[inline(always)]
+        unsafe fn load(p: *const u8) -> Self {
+            Avx2Gfni(_mm256_loadu_si256(p as *const __m256i))
         }
-        _mm256_storeu_si256(dp, r);
-        i += 32;
-    }
-    tail_mul(c, &src[body..], &mut dst[body..], accumulate);
-}
-
-#[target_feature(enable = "ssse3")]
-pub unsafe fn mul_ssse3(c: u8, src: &[u8], dst: &mut [u8], accumulate: bool) {
-    let (lo, hi) = nibble_tables(c);
-    let lo = _mm_loadu_si128(lo.as_ptr() as *const __m128i);
-    let hi = _mm_loadu_si128(hi.as_ptr() as *const __m128i);
-    let mask = _mm_set1_epi8(0x0f);
-    let len = dst.len();
-    let body = len / 16 * 16;
-    let mut i = 0;
-    while i < body {
-        let v = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
-        let l = _mm_shuffle_epi8(lo, _mm_and_si128(v, mask));
-        let h = _mm_shuffle_epi8(hi, _mm_and_si128(_mm_srli_epi64(v, 4), mask));
-        let mut r = _mm_xor_si128(l, h);
-        let dp = dst.as_mut_ptr().add(i) as *mut __m128i;
-        if accumulate {
-            r = _mm_xor_si128(r, _mm_loadu_si128(dp));
+        #[inline(always)]
+        unsafe fn store(p: *mut u8, v: Self) {
+            _mm256_storeu_si256(p as *mut __m256i, v.0)
         }
-        _mm_storeu_si128(dp, r);
-        i += 16;
+        #[inline(always)]
+        unsafe fn xor(a: Self, b: Self) -> Self {
+            Avx2Gfni(_mm256_xor_si256(a.0, b.0))
+        }
+        #[inline(always)]
+        unsafe fn mul2(a: Self) -> Self {
+            Avx2Gfni(_mm256_gf2p8affine_epi64_epi8::<0>(
+                a.0,
+                _mm256_set1_epi64x(TIMES2),
+            ))
+        }
+        #[inline(always)]
+        unsafe fn table(c: u8) -> __m256i {
+            _mm256_set1_epi64x(affine_matrix(c) as i64)
+        }
+        #[inline(always)]
+        unsafe fn mul(t: &__m256i, v: Self) -> Self {
+            Avx2Gfni(_mm256_gf2p8affine_epi64_epi8::<0>(v.0, *t))
+        }
     }
-    tail_mul(c, &src[body..], &mut dst[body..], accumulate);
-}
 
-fn tail_mul(c: u8, src: &[u8], dst: &mut [u8], accumulate: bool) {
-    if accumulate {
-        crate::scalar::mul_xor_into(c, src, dst)
-    } else {
-        crate::scalar::mul_into(c, src, dst)
+    impl Lanes for Avx512 {
+        const N: usize = 64;
+        type Table = (__m512i, __m512i);
+        #[inline(always)]
+        unsafe fn load(p: *const u8) -> Self {
+            Avx512(_mm512_loadu_si512(p as *const _))
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut u8, v: Self) {
+            _mm512_storeu_si512(p as *mut _, v.0)
+        }
+        #[inline(always)]
+        unsafe fn xor(a: Self, b: Self) -> Self {
+            Avx512(_mm512_xor_si512(a.0, b.0))
+        }
+        #[inline(always)]
+        unsafe fn mul2(a: Self) -> Self {
+            let carry = _mm512_maskz_mov_epi8(_mm512_movepi8_mask(a.0), _mm512_set1_epi8(0x1d));
+            Avx512(_mm512_xor_si512(_mm512_add_epi8(a.0, a.0), carry))
+        }
+        /// A three-input XOR is one VPTERNLOG.
+        #[inline(always)]
+        unsafe fn mul2_xor(a: Self, d: Self) -> Self {
+            let carry = _mm512_maskz_mov_epi8(_mm512_movepi8_mask(a.0), _mm512_set1_epi8(0x1d));
+            Avx512(_mm512_ternarylogic_epi64::<0x96>(
+                _mm512_add_epi8(a.0, a.0),
+                carry,
+                d.0,
+            ))
+        }
+        #[inline(always)]
+        unsafe fn table(c: u8) -> Self::Table {
+            let (lo, hi) = crate::gf::nibble_tables(c);
+            (
+                _mm512_broadcast_i32x4(_mm_loadu_si128(lo.as_ptr() as *const __m128i)),
+                _mm512_broadcast_i32x4(_mm_loadu_si128(hi.as_ptr() as *const __m128i)),
+            )
+        }
+        #[inline(always)]
+        unsafe fn mul(t: &Self::Table, v: Self) -> Self {
+            let mask = _mm512_set1_epi8(0x0f);
+            let l = _mm512_shuffle_epi8(t.0, _mm512_and_si512(v.0, mask));
+            let h = _mm512_shuffle_epi8(t.1, _mm512_and_si512(_mm512_srli_epi64::<4>(v.0), mask));
+            Avx512(_mm512_xor_si512(l, h))
+        }
     }
+
+    impl Lanes for Avx512Gfni {
+        const N: usize = 64;
+        type Table = __m512i;
+        #[inline(always)]
+        unsafe fn load(p: *const u8) -> Self {
+            Avx512Gfni(_mm512_loadu_si512(p as *const _))
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut u8, v: Self) {
+            _mm512_storeu_si512(p as *mut _, v.0)
+        }
+        #[inline(always)]
+        unsafe fn xor(a: Self, b: Self) -> Self {
+            Avx512Gfni(_mm512_xor_si512(a.0, b.0))
+        }
+        #[inline(always)]
+        unsafe fn mul2(a: Self) -> Self {
+            Avx512Gfni(_mm512_gf2p8affine_epi64_epi8::<0>(
+                a.0,
+                _mm512_set1_epi64(TIMES2),
+            ))
+        }
+        #[inline(always)]
+        unsafe fn table(c: u8) -> __m512i {
+            _mm512_set1_epi64(affine_matrix(c) as i64)
+        }
+        #[inline(always)]
+        unsafe fn mul(t: &__m512i, v: Self) -> Self {
+            Avx512Gfni(_mm512_gf2p8affine_epi64_epi8::<0>(v.0, *t))
+        }
+    }
+
+    entry_points!(avx2_gfni, Avx2Gfni, "avx2,gfni", 4, 8, 4);
+    entry_points!(avx512, Avx512, "avx512f,avx512bw", 4, 4, 2);
+    entry_points!(avx512_gfni, Avx512Gfni, "avx512f,avx512bw,gfni", 4, 4, 2);
 }
+#[cfg(millrace_avx512)]
+pub(crate) use wide::{avx2_gfni, avx512, avx512_gfni};
+
+entry_points!(sse2, Sse2, "sse2", 4, 8, 4);
+entry_points!(ssse3, Ssse3, "ssse3", 4, 8, 4);
+entry_points!(avx2, Avx2, "avx2", 4, 8, 4);
