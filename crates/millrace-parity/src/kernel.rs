@@ -3,10 +3,10 @@
 //! it is compiled inside its caller's `#[target_feature]` function with that caller's
 //! instructions; called anywhere else it would fall back to one intrinsic call per operation.
 //!
-//! Buffers travel as raw pointers with one length: the recovery code passes strips that are
-//! both read and written in one call (P' computed into the strip being rebuilt), which slices
-//! cannot express. Every column of vectors is loaded in full before any of it is stored, so an
-//! output may be one of the inputs.
+//! Buffers travel as raw pointers with one length: recovery reads some strips of a stripe and
+//! writes others in one call, which slices of one `&mut [&mut [u8]]` cannot express. Every
+//! column of vectors is loaded in full before any of it is stored, so an output may also be one
+//! of the inputs (xor_into is gen_p with dst among the sources).
 //!
 //! SAFETY (every function): each pointer is valid for `len` bytes of reads (inputs) or writes
 //! (outputs), and the CPU has the instructions `V` uses.
@@ -19,6 +19,7 @@ pub(crate) trait Lanes: Copy {
     const N: usize;
     /// What `mul` needs to multiply by one constant, prepared once per call.
     type Table: Copy;
+    unsafe fn zero() -> Self;
     unsafe fn load(p: *const u8) -> Self;
     unsafe fn store(p: *mut u8, v: Self);
     unsafe fn xor(a: Self, b: Self) -> Self;
@@ -33,63 +34,65 @@ pub(crate) trait Lanes: Copy {
     unsafe fn mul(t: &Self::Table, v: Self) -> Self;
 }
 
-/// P and Q by Horner's scheme, Q = ((D[t]*g + D[t-1])*g + ...)*g + D[0], over columns of W
-/// vectors: W independent chains hide the latency of each chain's serial multiply-by-2, and
-/// every strip is read once. A null source is a strip of zeros (it still takes its place in
-/// the syndrome's order); a null `p` asks for Q alone.
+/// P' and Q' of the sources by Horner's scheme, Q' = ((D[t]*g + D[t-1])*g + ...)*g + D[0], over
+/// columns of W vectors: W independent chains hide the latency of each chain's serial
+/// multiply-by-2, and every strip is read once. A null source is a strip of zeros (it still
+/// takes its place in the syndrome's order). Each column of P' and Q' goes to `sink`, which
+/// stores them (gen_pq) or finishes a rebuild with them, so that a rebuild reads every strip
+/// once too.
 #[inline(always)]
-pub(crate) unsafe fn gen_pq<V: Lanes, const W: usize>(
+pub(crate) unsafe fn syndromes<V: Lanes, const W: usize, S: Sink<V>>(
     src: &[*const u8],
-    p: *mut u8,
-    q: *mut u8,
+    sink: &S,
     len: usize,
 ) {
-    let Some(top) = src.iter().rposition(|s| !s.is_null()) else {
-        if !p.is_null() {
-            p.write_bytes(0, len);
-        }
-        q.write_bytes(0, len);
-        return;
+    let top = src.iter().rposition(|s| !s.is_null());
+    let (first, lower) = match top {
+        Some(t) => (src[t], &src[..t]),
+        None => (std::ptr::null(), &src[..0]),
     };
-    let lower = &src[..top];
-    let mut i = pq_columns::<V, W>(src[top], lower, p, q, 0, len);
-    i = pq_columns::<V, 1>(src[top], lower, p, q, i, len);
+    // Strips of zeros only come from recovery; the usual loop does not test for them.
+    let mut i = if first.is_null() || lower.iter().any(|s| s.is_null()) {
+        let i = columns::<V, W, true, S>(first, lower, sink, 0, len);
+        columns::<V, 1, true, S>(first, lower, sink, i, len)
+    } else {
+        let i = columns::<V, W, false, S>(first, lower, sink, 0, len);
+        columns::<V, 1, false, S>(first, lower, sink, i, len)
+    };
     while i < len {
-        let mut pv = *src[top].add(i);
+        let mut pv = if first.is_null() { 0 } else { *first.add(i) };
         let mut qv = pv;
         for &s in lower.iter().rev() {
             let d = if s.is_null() { 0 } else { *s.add(i) };
             pv ^= d;
             qv = gf::mul(qv, 2) ^ d;
         }
-        if !p.is_null() {
-            *p.add(i) = pv;
-        }
-        *q.add(i) = qv;
+        sink.byte(i, pv, qv);
         i += 1;
     }
 }
 
 /// Whole columns of W vectors from byte `i`; returns where it stopped.
 #[inline(always)]
-unsafe fn pq_columns<V: Lanes, const W: usize>(
+unsafe fn columns<V: Lanes, const W: usize, const SKIP: bool, S: Sink<V>>(
     first: *const u8,
     lower: &[*const u8],
-    p: *mut u8,
-    q: *mut u8,
+    sink: &S,
     mut i: usize,
     len: usize,
 ) -> usize {
     let step = W * V::N;
     while i + step <= len {
-        let f = first.add(i);
-        let mut pv = [V::load(f); W];
-        for (w, v) in pv.iter_mut().enumerate().skip(1) {
-            *v = V::load(f.add(w * V::N));
+        let mut pv = [V::zero(); W];
+        if !SKIP || !first.is_null() {
+            let f = first.add(i);
+            for (w, v) in pv.iter_mut().enumerate() {
+                *v = V::load(f.add(w * V::N));
+            }
         }
         let mut qv = pv;
         for &s in lower.iter().rev() {
-            if s.is_null() {
+            if SKIP && s.is_null() {
                 for v in qv.iter_mut() {
                     *v = V::mul2(*v);
                 }
@@ -102,17 +105,150 @@ unsafe fn pq_columns<V: Lanes, const W: usize>(
                 pv[w] = V::xor(pv[w], d);
             }
         }
-        if !p.is_null() {
-            for (w, v) in pv.iter().enumerate() {
-                V::store(p.add(i + w * V::N), *v);
-            }
-        }
-        for (w, v) in qv.iter().enumerate() {
-            V::store(q.add(i + w * V::N), *v);
-        }
+        sink.column(i, &pv, &qv);
         i += step;
     }
     i
+}
+
+/// Where syndromes() puts each column (vectors from byte i) and each tail byte.
+pub(crate) trait Sink<V: Lanes> {
+    unsafe fn column<const W: usize>(&self, i: usize, p: &[V; W], q: &[V; W]);
+    unsafe fn byte(&self, i: usize, p: u8, q: u8);
+}
+
+/// gen_pq: stores P (unless null) and Q.
+pub(crate) struct StorePq {
+    pub p: *mut u8,
+    pub q: *mut u8,
+}
+
+impl<V: Lanes> Sink<V> for StorePq {
+    #[inline(always)]
+    unsafe fn column<const W: usize>(&self, i: usize, p: &[V; W], q: &[V; W]) {
+        if !self.p.is_null() {
+            for (w, v) in p.iter().enumerate() {
+                V::store(self.p.add(i + w * V::N), *v);
+            }
+        }
+        for (w, v) in q.iter().enumerate() {
+            V::store(self.q.add(i + w * V::N), *v);
+        }
+    }
+    #[inline(always)]
+    unsafe fn byte(&self, i: usize, p: u8, q: u8) {
+        if !self.p.is_null() {
+            *self.p.add(i) = p;
+        }
+        *self.q.add(i) = q;
+    }
+}
+
+/// One data strip x and one parity lost; P', Q' are the syndromes without x.
+/// With P lost: Dx = g^-x * (Q ^ Q') and P = P' ^ Dx (`c` = g^-x, `par` = Q).
+/// With Q lost: Dx = P ^ P' and Q = Q' ^ g^x * Dx (`c` = g^x, `par` = P).
+pub(crate) struct DataAndParity<V: Lanes, const LOST_Q: bool> {
+    pub t: V::Table,
+    pub row: &'static [u8; 256],
+    pub par: *const u8,
+    pub dx: *mut u8,
+    pub out: *mut u8,
+}
+
+impl<V: Lanes, const LOST_Q: bool> DataAndParity<V, LOST_Q> {
+    #[inline(always)]
+    pub unsafe fn new(c: u8, par: *const u8, dx: *mut u8, out: *mut u8) -> Self {
+        DataAndParity {
+            t: V::table(c),
+            row: gf::mul_row(c),
+            par,
+            dx,
+            out,
+        }
+    }
+}
+
+impl<V: Lanes, const LOST_Q: bool> Sink<V> for DataAndParity<V, LOST_Q> {
+    #[inline(always)]
+    unsafe fn column<const W: usize>(&self, i: usize, p: &[V; W], q: &[V; W]) {
+        for w in 0..W {
+            let o = i + w * V::N;
+            let par = V::load(self.par.add(o));
+            let (dx, out) = if LOST_Q {
+                let dx = V::xor(par, p[w]);
+                (dx, V::xor(q[w], V::mul(&self.t, dx)))
+            } else {
+                let dx = V::mul(&self.t, V::xor(par, q[w]));
+                (dx, V::xor(p[w], dx))
+            };
+            V::store(self.dx.add(o), dx);
+            V::store(self.out.add(o), out);
+        }
+    }
+    #[inline(always)]
+    unsafe fn byte(&self, i: usize, p: u8, q: u8) {
+        let par = *self.par.add(i);
+        let (dx, out) = if LOST_Q {
+            let dx = par ^ p;
+            (dx, q ^ self.row[dx as usize])
+        } else {
+            let dx = self.row[(par ^ q) as usize];
+            (dx, p ^ dx)
+        };
+        *self.dx.add(i) = dx;
+        *self.out.add(i) = out;
+    }
+}
+
+/// Two data strips x < y lost; P', Q' are the syndromes without both. With Pxy = P ^ P' and
+/// Qxy = Q ^ Q': Dx = A*Pxy ^ B*Qxy and Dy = Pxy ^ Dx.
+pub(crate) struct TwoData<V: Lanes> {
+    pub ta: V::Table,
+    pub tb: V::Table,
+    pub ra: &'static [u8; 256],
+    pub rb: &'static [u8; 256],
+    pub p: *const u8,
+    pub q: *const u8,
+    pub dx: *mut u8,
+    pub dy: *mut u8,
+}
+
+impl<V: Lanes> TwoData<V> {
+    #[inline(always)]
+    pub unsafe fn new(a: u8, b: u8, p: *const u8, q: *const u8, dx: *mut u8, dy: *mut u8) -> Self {
+        TwoData {
+            ta: V::table(a),
+            tb: V::table(b),
+            ra: gf::mul_row(a),
+            rb: gf::mul_row(b),
+            p,
+            q,
+            dx,
+            dy,
+        }
+    }
+}
+
+impl<V: Lanes> Sink<V> for TwoData<V> {
+    #[inline(always)]
+    unsafe fn column<const W: usize>(&self, i: usize, p: &[V; W], q: &[V; W]) {
+        for w in 0..W {
+            let o = i + w * V::N;
+            let pxy = V::xor(V::load(self.p.add(o)), p[w]);
+            let qxy = V::xor(V::load(self.q.add(o)), q[w]);
+            let dx = V::xor(V::mul(&self.ta, pxy), V::mul(&self.tb, qxy));
+            V::store(self.dx.add(o), dx);
+            V::store(self.dy.add(o), V::xor(pxy, dx));
+        }
+    }
+    #[inline(always)]
+    unsafe fn byte(&self, i: usize, p: u8, q: u8) {
+        let pxy = *self.p.add(i) ^ p;
+        let qxy = *self.q.add(i) ^ q;
+        let dx = self.ra[pxy as usize] ^ self.rb[qxy as usize];
+        *self.dx.add(i) = dx;
+        *self.dy.add(i) = pxy ^ dx;
+    }
 }
 
 /// p = XOR of every source (at least one), in one pass over the sources per column rather than
@@ -197,45 +333,6 @@ pub(crate) unsafe fn mul<V: Lanes, const W: usize, const ACC: bool>(
         let x = *a.add(i) ^ if b.is_null() { 0 } else { *b.add(i) };
         let r = row[x as usize];
         *dst.add(i) = if ACC { *dst.add(i) ^ r } else { r };
-        i += 1;
-    }
-}
-
-/// The last step of rebuilding two data strips x and y: from Pxy = P ^ P' and Qxy = Q ^ Q'
-/// (P', Q' the syndromes with both strips left out, found in `px` and `qy`),
-/// Dx = A*Pxy ^ B*Qxy and Dy = Pxy ^ Dx, stored over `px` and `qy`.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn two_data<V: Lanes, const W: usize>(
-    a: u8,
-    b: u8,
-    p: *const u8,
-    q: *const u8,
-    px: *mut u8,
-    qy: *mut u8,
-    len: usize,
-) {
-    let (ta, tb) = (V::table(a), V::table(b));
-    let step = W * V::N;
-    let mut i = 0;
-    while i + step <= len {
-        for w in 0..W {
-            let o = i + w * V::N;
-            let pxy = V::xor(V::load(p.add(o)), V::load(px.add(o)));
-            let qxy = V::xor(V::load(q.add(o)), V::load(qy.add(o)));
-            let dx = V::xor(V::mul(&ta, pxy), V::mul(&tb, qxy));
-            V::store(px.add(o), dx);
-            V::store(qy.add(o), V::xor(pxy, dx));
-        }
-        i += step;
-    }
-    let (ra, rb) = (gf::mul_row(a), gf::mul_row(b));
-    while i < len {
-        let pxy = *p.add(i) ^ *px.add(i);
-        let qxy = *q.add(i) ^ *qy.add(i);
-        let dx = ra[pxy as usize] ^ rb[qxy as usize];
-        *px.add(i) = dx;
-        *qy.add(i) = pxy ^ dx;
         i += 1;
     }
 }

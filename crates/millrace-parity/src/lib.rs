@@ -17,6 +17,75 @@
 //! are a caller's bug: debug builds panic on them; release builds process the common prefix
 //! (never memory outside a buffer), except `raid6_recover`, which returns an error.
 
+/// A kernel's entry points for vector type `$v`, compiled with the attribute given (the
+/// `#[target_feature]` of its instruction set), and the `OPS` table of them. The numbers are
+/// the vectors per column (unroll) of the syndromes, of gen_p and of the multiplies.
+macro_rules! entry_points_body {
+    ($v:ty, $w_pq:literal, $w_p:literal, $w_mul:literal $(, #[$attr:meta])?) => {
+        use $crate::kernel::{self as k, DataAndParity, StorePq, TwoData};
+
+        $(#[$attr])?
+        unsafe fn gen_pq(src: &[*const u8], p: *mut u8, q: *mut u8, len: usize) {
+            k::syndromes::<$v, $w_pq, _>(src, &StorePq { p, q }, len)
+        }
+        $(#[$attr])?
+        unsafe fn gen_p(src: &[*const u8], p: *mut u8, len: usize) {
+            k::gen_p::<$v, $w_p>(src, p, len)
+        }
+        $(#[$attr])?
+        unsafe fn mul(c: u8, a: *const u8, b: *const u8, dst: *mut u8, len: usize) {
+            k::mul::<$v, $w_mul, false>(c, a, b, dst, len)
+        }
+        $(#[$attr])?
+        unsafe fn mul_acc(c: u8, a: *const u8, b: *const u8, dst: *mut u8, len: usize) {
+            k::mul::<$v, $w_mul, true>(c, a, b, dst, len)
+        }
+        $(#[$attr])?
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn data_and_parity(
+            src: &[*const u8],
+            lost_q: bool,
+            c: u8,
+            par: *const u8,
+            dx: *mut u8,
+            out: *mut u8,
+            len: usize,
+        ) {
+            if lost_q {
+                let sink = DataAndParity::<$v, true>::new(c, par, dx, out);
+                k::syndromes::<$v, $w_pq, _>(src, &sink, len)
+            } else {
+                let sink = DataAndParity::<$v, false>::new(c, par, dx, out);
+                k::syndromes::<$v, $w_pq, _>(src, &sink, len)
+            }
+        }
+        $(#[$attr])?
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn two_data(
+            src: &[*const u8],
+            a: u8,
+            b: u8,
+            p: *const u8,
+            q: *const u8,
+            dx: *mut u8,
+            dy: *mut u8,
+            len: usize,
+        ) {
+            let sink = TwoData::<$v>::new(a, b, p, q, dx, dy);
+            k::syndromes::<$v, $w_pq, _>(src, &sink, len)
+        }
+
+        pub(crate) const OPS: $crate::Ops = $crate::Ops {
+            gen_pq,
+            gen_p,
+            mul,
+            mul_acc,
+            data_and_parity,
+            two_data,
+        };
+    };
+}
+
 pub mod gf;
 mod kernel;
 mod scalar;
@@ -32,17 +101,15 @@ pub(crate) struct Ops {
     gen_p: unsafe fn(&[*const u8], *mut u8, usize),
     mul: unsafe fn(u8, *const u8, *const u8, *mut u8, usize),
     mul_acc: unsafe fn(u8, *const u8, *const u8, *mut u8, usize),
+    /// Rebuilds data strip x and P (lost_q false) or Q (true): see kernel::DataAndParity.
     #[allow(clippy::type_complexity)]
-    two_data: unsafe fn(u8, u8, *const u8, *const u8, *mut u8, *mut u8, usize),
+    data_and_parity: unsafe fn(&[*const u8], bool, u8, *const u8, *mut u8, *mut u8, usize),
+    /// Rebuilds data strips x and y: see kernel::TwoData.
+    #[allow(clippy::type_complexity)]
+    two_data: unsafe fn(&[*const u8], u8, u8, *const u8, *const u8, *mut u8, *mut u8, usize),
 }
 
-const SCALAR_OPS: Ops = Ops {
-    gen_pq: scalar::gen_pq,
-    gen_p: scalar::gen_p,
-    mul: scalar::mul,
-    mul_acc: scalar::mul_acc,
-    two_data: scalar::two_data,
-};
+const SCALAR_OPS: Ops = scalar::OPS;
 
 /// An implementation of the kernels. Public so that tests and the benchmark can run each one
 /// this CPU has; the library itself always uses the one `active_kernel` names.
@@ -372,8 +439,8 @@ fn raid6_recover_ops(
     m.sort_unstable();
     let k = n - 2;
     let (pi, qi) = (k, k + 1);
-    // From here on only raw pointers, one per strip: kernels read some strips while writing
-    // others (and sometimes the same strip, column by column).
+    // From here on only raw pointers, one per strip: kernels read some strips of the stripe
+    // while writing others.
     let ptr: Vec<*mut u8> = strips.iter_mut().map(|s| s.as_mut_ptr()).collect();
     let data_without = |skip: &[usize]| -> Vec<*const u8> {
         (0..k)
@@ -393,8 +460,8 @@ fn raid6_recover_ops(
             .collect()
     };
     // SAFETY: every pointer is its strip's start, valid for len bytes, and no reference to a
-    // strip is used until they are dropped; outputs that are also inputs are allowed by the
-    // kernels (kernel.rs).
+    // strip is used while they are; no strip is both read and written (lost strips are null
+    // among the sources).
     unsafe {
         match *m {
             [] => {}
@@ -402,29 +469,47 @@ fn raid6_recover_ops(
             [a] if a == pi => (ops.gen_p)(&data_without(&[]), ptr[pi], len),
             [a] if a == qi => (ops.gen_pq)(&data_without(&[]), std::ptr::null_mut(), ptr[qi], len),
             [a, _] if a == pi => (ops.gen_pq)(&data_without(&[]), ptr[pi], ptr[qi], len),
-            // One data strip, with or without Q: from P, then Q from the data.
+            // One data strip: from P.
             [x] => (ops.gen_p)(&all_but(x), ptr[x], len),
-            [x, b] if b == qi => {
-                (ops.gen_p)(&all_but(x), ptr[x], len);
-                (ops.gen_pq)(&data_without(&[]), std::ptr::null_mut(), ptr[qi], len);
-            }
-            // A data strip and P: Q ^ Q' = g^x * Dx, with Q' the syndrome without Dx (built in
-            // Dx's own strip); then P from the data.
-            [x, b] if b == pi => {
-                (ops.gen_pq)(&data_without(&[x]), std::ptr::null_mut(), ptr[x], len);
-                (ops.mul)(gf::inv(gf::exp(x)), ptr[qi], ptr[x], ptr[x], len);
-                (ops.gen_p)(&data_without(&[]), ptr[pi], len);
-            }
-            // Two data strips: P' and Q' without them, built in their own strips, then
-            // Dx = A*(P^P') ^ B*(Q^Q') with A = g^(y-x)/(g^(y-x)+1), B = g^-x/(g^(y-x)+1), and
-            // Dy = (P^P') ^ Dx.
+            // A data strip and Q: Dx = P ^ P', Q = Q' ^ g^x * Dx, with P' and Q' the
+            // syndromes without Dx: one pass over the stripe.
+            [x, b] if b == qi => (ops.data_and_parity)(
+                &data_without(&[x]),
+                true,
+                gf::exp(x),
+                ptr[pi],
+                ptr[x],
+                ptr[qi],
+                len,
+            ),
+            // A data strip and P: Q ^ Q' = g^x * Dx, so Dx = g^-x * (Q ^ Q'), and P = P' ^ Dx.
+            [x, b] if b == pi => (ops.data_and_parity)(
+                &data_without(&[x]),
+                false,
+                gf::inv(gf::exp(x)),
+                ptr[qi],
+                ptr[x],
+                ptr[pi],
+                len,
+            ),
+            // Two data strips: with P', Q' the syndromes without both, Pxy = P ^ P' and
+            // Qxy = Q ^ Q', Dx = A*Pxy ^ B*Qxy with A = g^(y-x)/(g^(y-x)+1),
+            // B = g^-x/(g^(y-x)+1), and Dy = Pxy ^ Dx.
             [x, y] => {
-                (ops.gen_pq)(&data_without(&[x, y]), ptr[x], ptr[y], len);
                 let gyx = gf::exp(y - x);
                 let denom = gf::inv(gyx ^ 1);
                 let a = gf::mul(gyx, denom);
                 let b = gf::mul(gf::inv(gf::exp(x)), denom);
-                (ops.two_data)(a, b, ptr[pi], ptr[qi], ptr[x], ptr[y], len);
+                (ops.two_data)(
+                    &data_without(&[x, y]),
+                    a,
+                    b,
+                    ptr[pi],
+                    ptr[qi],
+                    ptr[x],
+                    ptr[y],
+                    len,
+                );
             }
             _ => unreachable!("at most two distinct indices are kept"),
         }

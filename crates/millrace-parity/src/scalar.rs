@@ -1,6 +1,6 @@
 //! The portable kernel: eight bytes at a time in a u64 (SWAR), which every target has.
 
-use crate::kernel::{self, Lanes};
+use crate::kernel::Lanes;
 
 const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
 const HIGH: u64 = 0x8080_8080_8080_8080;
@@ -12,6 +12,10 @@ impl Lanes for Swar {
     const N: usize = 8;
     type Table = &'static [u8; 256];
 
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        Swar(0)
+    }
     #[inline(always)]
     unsafe fn load(p: *const u8) -> Self {
         Swar((p as *const u64).read_unaligned())
@@ -43,30 +47,6 @@ impl Lanes for Swar {
     }
 }
 
-// Four u64 per column: enough independent chains for a superscalar core without vectors.
-const W: usize = 4;
-
-pub(crate) unsafe fn gen_pq(src: &[*const u8], p: *mut u8, q: *mut u8, len: usize) {
-    kernel::gen_pq::<Swar, W>(src, p, q, len)
-}
-pub(crate) unsafe fn gen_p(src: &[*const u8], p: *mut u8, len: usize) {
-    kernel::gen_p::<Swar, W>(src, p, len)
-}
-pub(crate) unsafe fn mul(c: u8, a: *const u8, b: *const u8, dst: *mut u8, len: usize) {
-    kernel::mul::<Swar, 1, false>(c, a, b, dst, len)
-}
-pub(crate) unsafe fn mul_acc(c: u8, a: *const u8, b: *const u8, dst: *mut u8, len: usize) {
-    kernel::mul::<Swar, 1, true>(c, a, b, dst, len)
-}
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn two_data(
-    a: u8,
-    b: u8,
-    p: *const u8,
-    q: *const u8,
-    px: *mut u8,
-    qy: *mut u8,
-    len: usize,
-) {
-    kernel::two_data::<Swar, 1>(a, b, p, q, px, qy, len)
-}
+// Four u64 per column of the syndromes and of P: enough independent chains for a superscalar
+// core without vectors. The multiplies look bytes up one at a time; unrolling does not help.
+entry_points_body!(Swar, 4, 4, 1);

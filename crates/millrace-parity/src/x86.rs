@@ -12,55 +12,17 @@
 
 #![allow(clippy::missing_safety_doc)]
 
-use crate::kernel::{self, Lanes};
-use crate::Ops;
+use crate::kernel::Lanes;
 use std::arch::x86_64::*;
 
 /// A module of `#[target_feature]` functions for one vector type, and its `Ops`. The numbers
-/// are the vectors per column (unroll) of gen_pq, of gen_p and of the multiplies: as many as
-/// the registers hold, so that independent chains keep every vector port busy.
+/// are the vectors per column (unroll) of the syndromes, of gen_p and of the multiplies: as many
+/// as the registers hold, so that independent chains keep every vector port busy.
 macro_rules! entry_points {
     ($name:ident, $v:ty, $feat:literal, $w_pq:literal, $w_p:literal, $w_mul:literal) => {
         pub(crate) mod $name {
             use super::*;
-
-            #[target_feature(enable = $feat)]
-            unsafe fn gen_pq(src: &[*const u8], p: *mut u8, q: *mut u8, len: usize) {
-                kernel::gen_pq::<$v, $w_pq>(src, p, q, len)
-            }
-            #[target_feature(enable = $feat)]
-            unsafe fn gen_p(src: &[*const u8], p: *mut u8, len: usize) {
-                kernel::gen_p::<$v, $w_p>(src, p, len)
-            }
-            #[target_feature(enable = $feat)]
-            unsafe fn mul(c: u8, a: *const u8, b: *const u8, dst: *mut u8, len: usize) {
-                kernel::mul::<$v, $w_mul, false>(c, a, b, dst, len)
-            }
-            #[target_feature(enable = $feat)]
-            unsafe fn mul_acc(c: u8, a: *const u8, b: *const u8, dst: *mut u8, len: usize) {
-                kernel::mul::<$v, $w_mul, true>(c, a, b, dst, len)
-            }
-            #[target_feature(enable = $feat)]
-            #[allow(clippy::too_many_arguments)]
-            unsafe fn two_data(
-                a: u8,
-                b: u8,
-                p: *const u8,
-                q: *const u8,
-                px: *mut u8,
-                qy: *mut u8,
-                len: usize,
-            ) {
-                kernel::two_data::<$v, 2>(a, b, p, q, px, qy, len)
-            }
-
-            pub(crate) const OPS: Ops = Ops {
-                gen_pq,
-                gen_p,
-                mul,
-                mul_acc,
-                two_data,
-            };
+            entry_points_body!($v, $w_pq, $w_p, $w_mul, #[target_feature(enable = $feat)]);
         }
     };
 }
@@ -82,6 +44,10 @@ unsafe fn mul2_128(a: __m128i) -> __m128i {
 impl Lanes for Sse2 {
     const N: usize = 16;
     type Table = u8;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        Sse2(_mm_setzero_si128())
+    }
     #[inline(always)]
     unsafe fn load(p: *const u8) -> Self {
         Sse2(_mm_loadu_si128(p as *const __m128i))
@@ -122,6 +88,10 @@ impl Lanes for Ssse3 {
     const N: usize = 16;
     type Table = (__m128i, __m128i);
     #[inline(always)]
+    unsafe fn zero() -> Self {
+        Ssse3(_mm_setzero_si128())
+    }
+    #[inline(always)]
     unsafe fn load(p: *const u8) -> Self {
         Ssse3(_mm_loadu_si128(p as *const __m128i))
     }
@@ -157,6 +127,10 @@ impl Lanes for Ssse3 {
 impl Lanes for Avx2 {
     const N: usize = 32;
     type Table = (__m256i, __m256i);
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        Avx2(_mm256_setzero_si256())
+    }
     #[inline(always)]
     unsafe fn load(p: *const u8) -> Self {
         Avx2(_mm256_loadu_si256(p as *const __m256i))
@@ -213,6 +187,10 @@ mod wide {
         const N: usize = 32;
         type Table = __m256i;
         #[inline(always)]
+        unsafe fn zero() -> Self {
+            Avx2Gfni(_mm256_setzero_si256())
+        }
+        #[inline(always)]
         unsafe fn load(p: *const u8) -> Self {
             Avx2Gfni(_mm256_loadu_si256(p as *const __m256i))
         }
@@ -244,6 +222,10 @@ mod wide {
     impl Lanes for Avx512 {
         const N: usize = 64;
         type Table = (__m512i, __m512i);
+        #[inline(always)]
+        unsafe fn zero() -> Self {
+            Avx512(_mm512_setzero_si512())
+        }
         #[inline(always)]
         unsafe fn load(p: *const u8) -> Self {
             Avx512(_mm512_loadu_si512(p as *const _))
@@ -291,6 +273,10 @@ mod wide {
     impl Lanes for Avx512Gfni {
         const N: usize = 64;
         type Table = __m512i;
+        #[inline(always)]
+        unsafe fn zero() -> Self {
+            Avx512Gfni(_mm512_setzero_si512())
+        }
         #[inline(always)]
         unsafe fn load(p: *const u8) -> Self {
             Avx512Gfni(_mm512_loadu_si512(p as *const _))
