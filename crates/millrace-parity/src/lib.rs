@@ -12,6 +12,10 @@
 //! The kernel is picked once, at first use, from the CPU's features: AVX-512 with GFNI, AVX-512,
 //! AVX2 with GFNI, AVX2, SSSE3, SSE2, or portable u64 code (`active_kernel` names it).
 //! `MILLRACE_PARITY_KERNEL=<name>` forces an available one (for comparisons and bug hunts).
+//! GFNI matters most: multiplying by a constant is linear over GF(2), so GF2P8AFFINEQB does it
+//! for any constant of our field in one instruction (x86.rs), where shift-and-reduce takes four
+//! per doubling and nibble tables five per multiply. Those kernels need Rust 1.89's intrinsics;
+//! build.rs leaves them out on older compilers.
 //!
 //! Every buffer of one call must have the same length, and any length works. Unequal lengths
 //! are a caller's bug: debug builds panic on them; release builds process the common prefix
@@ -114,6 +118,7 @@ const SCALAR_OPS: Ops = scalar::OPS;
 /// An implementation of the kernels. Public so that tests and the benchmark can run each one
 /// this CPU has; the library itself always uses the one `active_kernel` names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Kernel {
     Scalar,
     Sse2,
