@@ -29,7 +29,6 @@ pub fn raw(
     workload: Workload,
     bs: u64,
     jobs: usize,
-    iodepth: usize,
     secs: f64,
 ) -> Result<Measured, String> {
     let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
@@ -57,7 +56,7 @@ pub fn raw(
             &format!("--bs={bs}"),
             "--direct=1",
             "--ioengine=io_uring",
-            &format!("--iodepth={iodepth}"),
+            "--iodepth=1",
             &format!("--numjobs={jobs}"),
             "--group_reporting",
             "--time_based",
