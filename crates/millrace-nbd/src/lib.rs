@@ -1,0 +1,453 @@
+//! Millrace's NBD server: exports volumes (anything that implements
+//! [`millrace_block::BlockDevice`]) to the Linux kernel client (`nbd-client`), libnbd tools
+//! (`nbdinfo`, `nbdcopy`, `nbdsh`), qemu and fio, over TCP and Unix sockets.
+//!
+//! It speaks fixed newstyle negotiation (NBD_OPT_GO, INFO, LIST, EXPORT_NAME, ABORT,
+//! STRUCTURED_REPLY; anything else is answered NBD_REP_ERR_UNSUP) and serves READ, WRITE, FLUSH,
+//! TRIM, WRITE_ZEROES and CACHE with FUA. Requests on one connection run concurrently and may
+//! complete out of order, with a bounded number and a bounded number of bytes in flight.
+//! Several connections to one export are safe (NBD_FLAG_CAN_MULTI_CONN): FLUSH and FUA call
+//! [`BlockDevice::flush`], which makes every completed write on the device durable, whichever
+//! connection it came from.
+//!
+//! Access: a Unix socket reaches every export (its file permissions are the gate); a TCP client
+//! reaches only the exports whose `allowed` list holds its address, and a TCP client that no
+//! export allows is closed at once, with a log line, before a byte is exchanged.
+//!
+//! ```no_run
+//! # async fn demo() -> std::io::Result<()> {
+//! use std::sync::Arc;
+//! use millrace_block::MemBlockDevice;
+//! use millrace_nbd::{Export, NbdServer};
+//! let server = NbdServer::new();
+//! server
+//!     .add_export(Export {
+//!         name: "vol0".into(),
+//!         description: "a RAM disk".into(),
+//!         dev: Arc::new(MemBlockDevice::new(64 << 20)),
+//!         read_only: false,
+//!         allowed: vec!["127.0.0.0/8".parse().unwrap()],
+//!     })
+//!     .unwrap();
+//! let l = tokio::net::TcpListener::bind("127.0.0.1:10809").await?;
+//! server.serve_tcp(l).await
+//! # }
+//! ```
+
+mod conn;
+mod handshake;
+pub mod proto;
+
+use std::collections::HashMap;
+use std::io;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use millrace_block::BlockDevice;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+pub use ipnet::IpNet;
+
+/// One export: a named block device and who may reach it.
+#[derive(Clone)]
+pub struct Export {
+    /// The name clients ask for (`nbd://host/NAME`, `nbd-client -N NAME`).
+    pub name: String,
+    /// Shown to clients that ask (NBD_INFO_DESCRIPTION); may be empty.
+    pub description: String,
+    pub dev: Arc<dyn BlockDevice>,
+    /// Refuse writes, trims and zeroing with EPERM, and say so in the transmission flags.
+    pub read_only: bool,
+    /// TCP clients allowed to use this export, as addresses or networks. Empty: only clients
+    /// on the Unix socket.
+    pub allowed: Vec<IpNet>,
+}
+
+impl std::fmt::Debug for Export {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Export")
+            .field("name", &self.name)
+            .field("description", &self.description)
+            .field("size_bytes", &self.dev.size_bytes())
+            .field("read_only", &self.read_only)
+            .field("allowed", &self.allowed)
+            .finish()
+    }
+}
+
+/// What can go wrong when managing exports.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("an export named {0:?} already exists; remove it first")]
+    ExportExists(String),
+    #[error("there is no export named {0:?}")]
+    NoSuchExport(String),
+    #[error("the export name {name:?} is not valid: {why}")]
+    BadName { name: String, why: String },
+    #[error("the description of export {0:?} is longer than the protocol's 4096 bytes")]
+    DescriptionTooLong(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Limits that keep one client from exhausting the server. The defaults suit a data server;
+/// tests shrink them.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Connections open at once, over all listeners; more are closed at once with a log line.
+    pub max_connections: usize,
+    /// Requests being served at once on one connection.
+    pub max_in_flight: usize,
+    /// Payload bytes (read buffers and write data) held at once for one connection. Never
+    /// less than the 32 MiB maximum request, so that one maximal request always fits.
+    pub max_in_flight_bytes: usize,
+    /// Time a client has to finish option haggling.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            max_in_flight: 64,
+            max_in_flight_bytes: 128 << 20,
+            handshake_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Counters, server-wide or for one export.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Connections open now (for an export: in transmission on it).
+    pub connections_open: u64,
+    /// Connections accepted since start (for an export: that reached transmission on it).
+    pub connections_total: u64,
+    /// TCP connections closed at once because no export allows the client, or over the limit,
+    /// plus negotiations refused for policy (an export the client may not use).
+    pub connections_refused: u64,
+    /// Requests served (all commands), and those of them that failed.
+    pub ops: u64,
+    pub errors: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub flushes: u64,
+    pub trims: u64,
+    pub zeroes: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub connections_open: AtomicU64,
+    pub connections_total: AtomicU64,
+    pub connections_refused: AtomicU64,
+    pub ops: AtomicU64,
+    pub errors: AtomicU64,
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub flushes: AtomicU64,
+    pub trims: AtomicU64,
+    pub zeroes: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+}
+
+impl Counters {
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+    fn snapshot(&self) -> Stats {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Stats {
+            connections_open: g(&self.connections_open),
+            connections_total: g(&self.connections_total),
+            connections_refused: g(&self.connections_refused),
+            ops: g(&self.ops),
+            errors: g(&self.errors),
+            reads: g(&self.reads),
+            writes: g(&self.writes),
+            flushes: g(&self.flushes),
+            trims: g(&self.trims),
+            zeroes: g(&self.zeroes),
+            bytes_read: g(&self.bytes_read),
+            bytes_written: g(&self.bytes_written),
+        }
+    }
+}
+
+/// An export as the server holds it: the export, a signal raised when it is removed (its
+/// connections then finish what is in flight and close), and its counters.
+pub(crate) struct ExportEntry {
+    pub export: Export,
+    pub removed: watch::Sender<bool>,
+    pub counters: Counters,
+}
+
+/// Who is on the other end of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Peer {
+    Unix,
+    Tcp(std::net::SocketAddr),
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Peer::Unix => write!(f, "a unix-socket client"),
+            Peer::Tcp(a) => write!(f, "{a}"),
+        }
+    }
+}
+
+impl Peer {
+    /// Whether this peer may use `e`: anyone on the Unix socket, a TCP client only if its
+    /// address is in the export's list.
+    pub fn may_use(&self, e: &Export) -> bool {
+        match self {
+            Peer::Unix => true,
+            Peer::Tcp(a) => {
+                // A dual-stack listener reports IPv4 clients as ::ffff:a.b.c.d; compare the
+                // address the admin would write.
+                let ip: IpAddr = a.ip().to_canonical();
+                e.allowed.iter().any(|n| n.contains(&ip))
+            }
+        }
+    }
+}
+
+/// Resolves once a flag is raised (or its sender is gone, which also means "stop"). Wrapped so
+/// that the watch guard never lives in a future that must be Send.
+pub(crate) async fn raised(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| *v).await;
+}
+
+pub(crate) struct Inner {
+    pub exports: RwLock<HashMap<String, Arc<ExportEntry>>>,
+    pub counters: Counters,
+    pub shutdown: watch::Sender<bool>,
+    pub limits: Limits,
+}
+
+impl Inner {
+    /// The exports this peer may see, by name.
+    pub fn visible(&self, peer: &Peer) -> Vec<Arc<ExportEntry>> {
+        let mut v: Vec<_> = self
+            .exports
+            .read()
+            .unwrap()
+            .values()
+            .filter(|e| peer.may_use(&e.export))
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| a.export.name.cmp(&b.export.name));
+        v
+    }
+}
+
+/// The NBD server. Cheap to clone: clones share exports, connections and counters.
+#[derive(Clone)]
+pub struct NbdServer {
+    inner: Arc<Inner>,
+}
+
+impl Default for NbdServer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl NbdServer {
+    pub fn new() -> Self {
+        Self::with_limits(Limits::default())
+    }
+
+    pub fn with_limits(mut limits: Limits) -> Self {
+        limits.max_in_flight = limits.max_in_flight.max(1);
+        limits.max_in_flight_bytes = limits.max_in_flight_bytes.max(proto::MAX_PAYLOAD as usize);
+        Self {
+            inner: Arc::new(Inner {
+                exports: RwLock::new(HashMap::new()),
+                counters: Counters::default(),
+                shutdown: watch::channel(false).0,
+                limits,
+            }),
+        }
+    }
+
+    /// Adds an export; new connections can use it at once.
+    pub fn add_export(&self, e: Export) -> Result<()> {
+        proto::parse_name(e.name.as_bytes()).map_err(|why| Error::BadName {
+            name: e.name.clone(),
+            why,
+        })?;
+        if e.name.is_empty() {
+            return Err(Error::BadName {
+                name: e.name,
+                why: "it is empty (the empty name means \"the default export\" to clients)".into(),
+            });
+        }
+        if e.description.len() > proto::MAX_STRING {
+            return Err(Error::DescriptionTooLong(e.name));
+        }
+        let mut map = self.inner.exports.write().unwrap();
+        if map.contains_key(&e.name) {
+            return Err(Error::ExportExists(e.name));
+        }
+        info!(
+            export = %e.name,
+            size = e.dev.size_bytes(),
+            read_only = e.read_only,
+            allowed = ?e.allowed,
+            "NBD export added"
+        );
+        map.insert(
+            e.name.clone(),
+            Arc::new(ExportEntry {
+                export: e,
+                removed: watch::channel(false).0,
+                counters: Counters::default(),
+            }),
+        );
+        Ok(())
+    }
+
+    /// Removes an export. New clients no longer see it; connections using it finish the
+    /// requests in flight and are closed.
+    pub fn remove_export(&self, name: &str) -> Result<()> {
+        let entry = self
+            .inner
+            .exports
+            .write()
+            .unwrap()
+            .remove(name)
+            .ok_or_else(|| Error::NoSuchExport(name.to_string()))?;
+        entry.removed.send_replace(true);
+        info!(export = %name, "NBD export removed");
+        Ok(())
+    }
+
+    /// The exports, sorted by name.
+    pub fn exports(&self) -> Vec<Export> {
+        self.inner
+            .visible(&Peer::Unix)
+            .into_iter()
+            .map(|e| e.export.clone())
+            .collect()
+    }
+
+    /// Server-wide counters.
+    pub fn stats(&self) -> Stats {
+        self.inner.counters.snapshot()
+    }
+
+    /// Counters of one export (reset if it is removed and added again).
+    pub fn export_stats(&self, name: &str) -> Option<Stats> {
+        let map = self.inner.exports.read().unwrap();
+        map.get(name).map(|e| e.counters.snapshot())
+    }
+
+    /// Stops the listeners and closes every connection after its requests in flight finish.
+    pub fn shutdown(&self) {
+        self.inner.shutdown.send_replace(true);
+    }
+
+    /// Serves NBD on a TCP listener until [`NbdServer::shutdown`]. Errors accepting one
+    /// connection (out of file descriptors, say) are logged and do not stop the listener.
+    pub async fn serve_tcp(&self, l: tokio::net::TcpListener) -> io::Result<()> {
+        let mut stop = self.inner.shutdown.subscribe();
+        loop {
+            let (stream, addr) = tokio::select! {
+                _ = crate::raised(&mut stop) => return Ok(()),
+                r = l.accept() => match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        warn!("NBD: accepting a TCP connection failed: {e}; retrying shortly");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            let peer = Peer::Tcp(addr);
+            if !self
+                .inner
+                .exports
+                .read()
+                .unwrap()
+                .values()
+                .any(|e| peer.may_use(&e.export))
+            {
+                Counters::add(&self.inner.counters.connections_refused, 1);
+                warn!("NBD: refused a connection from {addr}: no export allows this address");
+                drop(stream);
+                continue;
+            }
+            if !self.admit(&peer) {
+                continue;
+            }
+            // Small replies (flush, write acks) must not wait for Nagle.
+            let _ = stream.set_nodelay(true);
+            let (r, w) = stream.into_split();
+            tokio::spawn(conn::serve(self.inner.clone(), r, w, peer));
+        }
+    }
+
+    /// Serves NBD on a Unix-socket listener until [`NbdServer::shutdown`]; every export is
+    /// reachable (the socket's file permissions decide who connects).
+    pub async fn serve_unix(&self, l: tokio::net::UnixListener) -> io::Result<()> {
+        let mut stop = self.inner.shutdown.subscribe();
+        loop {
+            let stream = tokio::select! {
+                _ = crate::raised(&mut stop) => return Ok(()),
+                r = l.accept() => match r {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        warn!("NBD: accepting a unix-socket connection failed: {e}; retrying shortly");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            if !self.admit(&Peer::Unix) {
+                continue;
+            }
+            let (r, w) = stream.into_split();
+            tokio::spawn(conn::serve(self.inner.clone(), r, w, Peer::Unix));
+        }
+    }
+
+    /// Serves one already-connected stream from any transport (used by tests, and by callers
+    /// that accept connections themselves). `tcp_peer` is the client's address for the access
+    /// check, or None for a local (Unix-socket-like) client that may use every export.
+    pub async fn serve_stream<S>(&self, s: S, tcp_peer: Option<std::net::SocketAddr>)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
+    {
+        let peer = tcp_peer.map_or(Peer::Unix, Peer::Tcp);
+        if !self.admit(&peer) {
+            return;
+        }
+        let (r, w) = tokio::io::split(s);
+        conn::serve(self.inner.clone(), r, w, peer).await
+    }
+
+    fn admit(&self, peer: &Peer) -> bool {
+        let open = self.inner.counters.connections_open.load(Ordering::Relaxed);
+        if open as usize >= self.inner.limits.max_connections {
+            Counters::add(&self.inner.counters.connections_refused, 1);
+            warn!(
+                "NBD: refused a connection from {peer}: {open} connections are open, the limit is {}",
+                self.inner.limits.max_connections
+            );
+            return false;
+        }
+        // Counted here, released by the connection when it ends.
+        Counters::add(&self.inner.counters.connections_open, 1);
+        Counters::add(&self.inner.counters.connections_total, 1);
+        true
+    }
+}
