@@ -5,10 +5,13 @@
 # XFS round trip across a disconnect/reconnect, fio with crc32c verification, discard, and the
 # refusal of hosts and subsystems that are not allowed.
 #   usage (on the host): cargo build -p millrace-nvmf --example nvmf_target
-#          tests/guest/run-in-guest --timeout 900 tests/guest/nvme-tcp.sh [DIR-OF-nvmf_target]
+#          tests/guest/run-in-guest --timeout 900 tests/guest/nvme-tcp.sh [target/debug]
 set -euo pipefail
-BIN=${1:-$PWD/targets/nvmf/debug/examples}/nvmf_target
-[[ -x $BIN ]] || { echo "nvme-tcp: $BIN is missing; build it first (CARGO_TARGET_DIR=targets/nvmf cargo build -p millrace-nvmf --example nvmf_target)"; exit 1; }
+# $1 is cargo's profile folder (target/debug), as scripts/test.sh passes it; examples live below it.
+DIR=${1:-$PWD/target/debug}
+BIN=$DIR/examples/nvmf_target
+[[ -x $BIN ]] || BIN=$DIR/nvmf_target
+[[ -x $BIN ]] || { echo "nvme-tcp: nvmf_target is missing under $DIR; build it first (cargo build -p millrace-nvmf --example nvmf_target)"; exit 1; }
 NQN=nqn.2024-01.io.millrace:guest-test
 HOST=nqn.2014-08.org.nvmexpress:uuid:4d696c6c-7261-6365-0000-000000000001
 HOSTID=4d696c6c-7261-6365-0000-000000000001
@@ -21,6 +24,7 @@ fail() {
   echo "nvme-tcp: FAILED: $*"
   echo "--- target log (tail) ---"; tail -30 "$work/target.log" 2>/dev/null || true
   echo "--- kernel log (tail) ---"; dmesg | grep -iE 'nvme|xfs' | tail -30 || true
+  echo "--- block devices ---"; ls /sys/block /dev/nvme* 2>&1 | tr '\n' ' '; echo
   exit 1
 }
 cleanup() {
@@ -30,7 +34,7 @@ cleanup() {
 trap cleanup EXIT
 
 modprobe -a nvme-tcp xfs || fail "cannot load nvme-tcp / xfs"
-"$BIN" --file "$work/vol.img" --size 512M --nqn "$NQN" --host "$HOST" --port 4420 \
+RUST_LOG=${RUST_LOG:-info} "$BIN" --file "$work/vol.img" --size 512M --nqn "$NQN" --host "$HOST" --port 4420 \
   --discovery-port 8009 > "$work/target.log" 2>&1 &
 tpid=$!
 for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/4420) 2>/dev/null && break; sleep 0.3; done
@@ -54,7 +58,9 @@ find_ns() {
       [[ -e $c/subsysnqn ]] || continue
       [[ $(cat "$c/subsysnqn") == "$NQN" ]] || continue
       ctrl=$(basename "$c")
-      dev=$(ls -d /sys/block/nvme*n1 2>/dev/null | head -1)
+      # With native multipath the kernel also lists the hidden path node nvmeXcYnZ, which has no
+      # /dev entry; the namespace is the nvmeXnZ one.
+      dev=$(ls -d /sys/block/nvme*n1 2>/dev/null | grep -v 'c[0-9]*n1$' | head -1)
       [[ -n $dev && -b /dev/$(basename "$dev") ]] && { ns=/dev/$(basename "$dev"); return 0; }
     done
     sleep 0.2

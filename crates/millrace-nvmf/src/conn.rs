@@ -783,6 +783,14 @@ impl Conn {
             local: self.local,
         };
         let r = admin::execute(&ctx, &sqe, data.as_deref());
+        tracing::debug!(
+            cntlid = ctrl.cntlid,
+            opcode = sqe.opcode(),
+            cdw10 = sqe.cdw(10),
+            nsid = sqe.nsid(),
+            status = %r.status,
+            "admin command"
+        );
         match r.data {
             Some(mut d) if r.status.is_success() && c2h_len > 0 => {
                 d.resize(c2h_len, 0);
