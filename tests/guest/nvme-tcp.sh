@@ -83,7 +83,7 @@ grep -qE '^subnqn +: '"$NQN" "$work/idctrl" || fail "id-ctrl subnqn is not $NQN"
 nvme id-ns "$ns" > "$work/idns" || fail "nvme id-ns"
 grep -qE '^nsze +: 0x20000$' "$work/idns" || { head -12 "$work/idns"; fail "id-ns size is not 512 MiB of 4 KiB blocks"; }
 nvme smart-log "/dev/$ctrl" > "$work/smart" || fail "nvme smart-log"
-grep -qiE 'critical_warning +: 0' "$work/smart" || { cat "$work/smart"; fail "smart-log reports a critical warning"; }
+grep -qiE 'critical_warning[[:space:]]+: 0' "$work/smart" || { cat "$work/smart"; fail "smart-log reports a critical warning"; }
 [[ $(blockdev --getss "$ns") == 4096 ]] || fail "logical block size is not 4096"
 step "id-ctrl, id-ns, smart-log ok; io_opt $(cat /sys/block/$(basename "$ns")/queue/optimal_io_size)"
 

@@ -1,0 +1,486 @@
+//! The volume table: what volumes a pool holds and where, kept in two slots at the start of the
+//! pool's data area.
+//!
+//! Slot layout (each slot is `SLOT_BYTES`, written whole): a 32-byte header (magic, format
+//! version, generation, JSON length, CRC32C of the JSON) and the table as JSON. JSON because the
+//! table is small, rarely written, and an admin with `millrace io read` can read it by eye.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::io;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use millrace_block::BlockDevice;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::Volume;
+
+const MAGIC: &[u8; 8] = b"MRVOLTB1";
+const VERSION: u32 = 1;
+const HEADER: usize = 32;
+const SLOT_BYTES: u64 = 1 << 20;
+/// Bytes at the start of a pool that hold the volume table (before rounding up to a stripe).
+pub const TABLE_AREA_BYTES: u64 = 2 * SLOT_BYTES;
+
+/// A refusal or failure, as a sentence that says what was wrong and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error("{0}")]
+    Refused(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn refuse<T>(msg: impl Into<String>) -> Result<T> {
+    Err(VolumeError::Refused(msg.into()))
+}
+
+type Result<T> = std::result::Result<T, VolumeError>;
+
+/// What a script or the API sees of a volume.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeInfo {
+    pub name: String,
+    pub uuid: Uuid,
+    /// Start within the pool, a multiple of the pool's full stripe.
+    pub offset_bytes: u64,
+    pub size_bytes: u64,
+    pub created_unix: u64,
+    /// Settings of the layers above (exports, shares), stored here so that they travel with the
+    /// pool; this layer never reads them.
+    #[serde(default)]
+    pub props: BTreeMap<String, String>,
+}
+
+#[derive(Default, Serialize, Deserialize)]
+struct Table {
+    volumes: Vec<VolumeInfo>,
+}
+
+struct Inner {
+    generation: u64,
+    table: Table,
+    open: HashMap<String, Arc<Volume>>,
+    /// The table area holds bytes that are not a table (written with `millrace io write`).
+    foreign: bool,
+}
+
+/// The volumes of one pool.
+pub struct Volumes {
+    dev: Arc<dyn BlockDevice>,
+    align: u64,
+    inner: Mutex<Inner>,
+}
+
+/// Refuses names that would not survive a URL, a path or an NQN.
+pub fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        refuse(format!(
+            "'{name}' is not a valid volume name: use 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        ))
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn round_up(x: u64, a: u64) -> u64 {
+    x.div_ceil(a) * a
+}
+
+pub(crate) fn human(b: u64) -> String {
+    const U: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < U.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
+}
+
+enum Slot {
+    Empty,
+    Foreign,
+    Damaged,
+    Good(u64, Table),
+}
+
+impl Volumes {
+    /// Reads the table of the pool `dev`; a pool that never held volumes has an empty one.
+    pub fn open(dev: Arc<dyn BlockDevice>) -> Result<Volumes> {
+        let align = dev.preferred_io_bytes().max(4096);
+        let mut best: Option<(u64, Table)> = None;
+        let (mut damaged, mut foreign) = (0, 0);
+        for s in 0..2 {
+            match read_slot(dev.as_ref(), s)? {
+                Slot::Good(g, t) => {
+                    if best.as_ref().is_none_or(|(bg, _)| g > *bg) {
+                        best = Some((g, t));
+                    }
+                }
+                Slot::Damaged => damaged += 1,
+                Slot::Foreign => foreign += 1,
+                Slot::Empty => {}
+            }
+        }
+        let (generation, table) = match best {
+            Some(b) => b,
+            None if damaged > 0 => {
+                return refuse(
+                    "both copies of this pool's volume table fail their checksum; the volume layout is lost. \
+                     Restore the pool's drives from a backup, or run `millrace pool scrub --repair` if a drive returned bad data",
+                )
+            }
+            None => (0, Table::default()),
+        };
+        Ok(Volumes {
+            dev,
+            align,
+            inner: Mutex::new(Inner {
+                generation,
+                table,
+                open: HashMap::new(),
+                foreign: generation == 0 && foreign > 0,
+            }),
+        })
+    }
+
+    /// The alignment of every volume's start and size: the pool's full stripe.
+    pub fn alignment(&self) -> u64 {
+        self.align
+    }
+
+    /// Where the first volume may start.
+    pub fn data_start(&self) -> u64 {
+        round_up(TABLE_AREA_BYTES, self.align)
+    }
+
+    /// Bytes volumes may use in all.
+    pub fn capacity(&self) -> u64 {
+        (self.dev.size_bytes() / self.align * self.align).saturating_sub(self.data_start())
+    }
+
+    pub fn free_bytes(&self) -> u64 {
+        let used: u64 = self
+            .inner
+            .lock()
+            .table
+            .volumes
+            .iter()
+            .map(|v| v.size_bytes)
+            .sum();
+        self.capacity().saturating_sub(used)
+    }
+
+    /// True when the start of the pool holds bytes written directly (not a volume table):
+    /// creating a volume would overwrite them, so [`Volumes::create`] refuses until
+    /// [`Volumes::claim`].
+    pub fn holds_foreign_data(&self) -> bool {
+        self.inner.lock().foreign
+    }
+
+    /// Writes an empty table over whatever the table area held.
+    pub fn claim(&self) -> Result<()> {
+        let mut g = self.inner.lock();
+        g.foreign = false;
+        self.commit(&mut g)
+    }
+
+    pub fn list(&self) -> Vec<VolumeInfo> {
+        let mut v = self.inner.lock().table.volumes.clone();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    pub fn get(&self, name: &str) -> Option<VolumeInfo> {
+        self.inner
+            .lock()
+            .table
+            .volumes
+            .iter()
+            .find(|v| v.name == name)
+            .cloned()
+    }
+
+    /// Creates a volume of at least `size` bytes (rounded up to the full stripe) in the first
+    /// gap that holds it.
+    pub fn create(&self, name: &str, size: u64) -> Result<VolumeInfo> {
+        check_name(name)?;
+        if size == 0 {
+            return refuse("a volume needs a size above zero (for example --size 10G)");
+        }
+        let mut g = self.inner.lock();
+        if g.foreign {
+            return refuse(
+                "the start of this pool holds data written directly with `millrace io write`, where the volume table goes; \
+                 creating a volume would overwrite it. Copy that data off, then create the volume with --force",
+            );
+        }
+        if g.table.volumes.iter().any(|v| v.name == name) {
+            return refuse(format!("a volume named {name} already exists in this pool; pick another name or delete it first"));
+        }
+        let size = round_up(size, self.align);
+        let Some(offset) = self.find_gap(&g.table, size) else {
+            return refuse(format!(
+                "the pool has no room for a volume of {}: {} is free in all, {} in the largest free range; delete or shrink volumes, or use a smaller size",
+                human(size),
+                human(self.capacity() - used(&g.table)),
+                human(self.largest_gap(&g.table)),
+            ));
+        };
+        let info = VolumeInfo {
+            name: name.to_string(),
+            uuid: Uuid::new_v4(),
+            offset_bytes: offset,
+            size_bytes: size,
+            created_unix: now(),
+            props: BTreeMap::new(),
+        };
+        g.table.volumes.push(info.clone());
+        if let Err(e) = self.commit(&mut g) {
+            g.table.volumes.pop();
+            return Err(e);
+        }
+        Ok(info)
+    }
+
+    /// Deletes a volume; I/O through handles still open fails from now on.
+    pub fn delete(&self, name: &str) -> Result<()> {
+        let mut g = self.inner.lock();
+        let Some(i) = g.table.volumes.iter().position(|v| v.name == name) else {
+            return refuse(no_such(name));
+        };
+        let removed = g.table.volumes.remove(i);
+        if let Err(e) = self.commit(&mut g) {
+            g.table.volumes.insert(i, removed);
+            return Err(e);
+        }
+        if let Some(v) = g.open.remove(name) {
+            v.mark_deleted();
+        }
+        Ok(())
+    }
+
+    /// Grows a volume in place to at least `new_size` bytes; the space after it must be free.
+    pub fn grow(&self, name: &str, new_size: u64) -> Result<VolumeInfo> {
+        let mut g = self.inner.lock();
+        let Some(i) = g.table.volumes.iter().position(|v| v.name == name) else {
+            return refuse(no_such(name));
+        };
+        let cur = g.table.volumes[i].clone();
+        let new_size = round_up(new_size, self.align);
+        if new_size < cur.size_bytes {
+            return refuse(format!(
+                "volume {name} is {} and cannot shrink (the data of the filesystem on it would be cut off); give a size of at least its current one",
+                human(cur.size_bytes)
+            ));
+        }
+        let limit = g
+            .table
+            .volumes
+            .iter()
+            .map(|v| v.offset_bytes)
+            .filter(|&o| o > cur.offset_bytes)
+            .min()
+            .unwrap_or(self.data_start() + self.capacity());
+        if cur.offset_bytes + new_size > limit {
+            return refuse(format!(
+                "volume {name} can grow to at most {} in place (the space after it ends there); create a new volume instead",
+                human(limit - cur.offset_bytes)
+            ));
+        }
+        g.table.volumes[i].size_bytes = new_size;
+        if let Err(e) = self.commit(&mut g) {
+            g.table.volumes[i].size_bytes = cur.size_bytes;
+            return Err(e);
+        }
+        if let Some(v) = g.open.get(name) {
+            v.set_size(new_size);
+        }
+        Ok(g.table.volumes[i].clone())
+    }
+
+    /// Sets (or with `None` removes) one of a volume's props.
+    pub fn set_prop(&self, name: &str, key: &str, value: Option<&str>) -> Result<VolumeInfo> {
+        let mut g = self.inner.lock();
+        let Some(i) = g.table.volumes.iter().position(|v| v.name == name) else {
+            return refuse(no_such(name));
+        };
+        let old = g.table.volumes[i].props.clone();
+        match value {
+            Some(v) => g.table.volumes[i].props.insert(key.into(), v.into()),
+            None => g.table.volumes[i].props.remove(key),
+        };
+        if let Err(e) = self.commit(&mut g) {
+            g.table.volumes[i].props = old;
+            return Err(e);
+        }
+        Ok(g.table.volumes[i].clone())
+    }
+
+    /// A handle for I/O; every caller asking for the same volume shares one handle.
+    pub fn open_volume(&self, name: &str) -> Result<Arc<Volume>> {
+        let mut g = self.inner.lock();
+        if let Some(v) = g.open.get(name) {
+            return Ok(v.clone());
+        }
+        let Some(info) = g.table.volumes.iter().find(|v| v.name == name) else {
+            return refuse(no_such(name));
+        };
+        let v = Arc::new(Volume::new(
+            self.dev.clone(),
+            info.name.clone(),
+            info.uuid,
+            info.offset_bytes,
+            info.size_bytes,
+        ));
+        g.open.insert(name.to_string(), v.clone());
+        Ok(v)
+    }
+
+    fn find_gap(&self, t: &Table, size: u64) -> Option<u64> {
+        gaps(t, self.data_start(), self.data_start() + self.capacity())
+            .into_iter()
+            .find(|(s, e)| e - s >= size)
+            .map(|(s, _)| s)
+    }
+
+    fn largest_gap(&self, t: &Table) -> u64 {
+        gaps(t, self.data_start(), self.data_start() + self.capacity())
+            .into_iter()
+            .map(|(s, e)| e - s)
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn commit(&self, g: &mut Inner) -> Result<()> {
+        let gen = g.generation + 1;
+        let json = serde_json::to_vec(&g.table).expect("the table serialises");
+        if json.len() > SLOT_BYTES as usize - HEADER {
+            return refuse("the volume table is full (too many volumes or props); delete volumes you no longer use");
+        }
+        let len = round_up((HEADER + json.len()) as u64, 4096) as usize;
+        let mut buf = vec![0u8; len];
+        buf[..8].copy_from_slice(MAGIC);
+        buf[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        buf[16..24].copy_from_slice(&gen.to_le_bytes());
+        buf[24..28].copy_from_slice(&(json.len() as u32).to_le_bytes());
+        buf[28..32].copy_from_slice(&crc32c::crc32c(&json).to_le_bytes());
+        buf[HEADER..HEADER + json.len()].copy_from_slice(&json);
+        let io = |what: &str, source| VolumeError::Io {
+            what: format!("cannot {what} the volume table"),
+            source,
+        };
+        self.dev
+            .write_at((gen % 2) * SLOT_BYTES, &buf)
+            .map_err(|e| io("write", e))?;
+        self.dev.flush().map_err(|e| io("flush", e))?;
+        g.generation = gen;
+        Ok(())
+    }
+}
+
+fn no_such(name: &str) -> String {
+    format!("this pool has no volume named {name}; `millrace volume list` shows the ones it has")
+}
+
+fn used(t: &Table) -> u64 {
+    t.volumes.iter().map(|v| v.size_bytes).sum()
+}
+
+/// Free ranges between `start` and `end`, in order.
+fn gaps(t: &Table, start: u64, end: u64) -> Vec<(u64, u64)> {
+    let mut vs: Vec<(u64, u64)> = t
+        .volumes
+        .iter()
+        .map(|v| (v.offset_bytes, v.offset_bytes + v.size_bytes))
+        .collect();
+    vs.sort();
+    let mut out = Vec::new();
+    let mut at = start;
+    for (s, e) in vs {
+        if s > at {
+            out.push((at, s));
+        }
+        at = at.max(e);
+    }
+    if end > at {
+        out.push((at, end));
+    }
+    out
+}
+
+fn read_slot(dev: &dyn BlockDevice, slot: u64) -> Result<Slot> {
+    let mut head = vec![0u8; 4096];
+    let off = slot * SLOT_BYTES;
+    if off + SLOT_BYTES > dev.size_bytes() {
+        return refuse(format!(
+            "the pool ({}) is too small to hold volumes; it needs more than {}",
+            human(dev.size_bytes()),
+            human(TABLE_AREA_BYTES)
+        ));
+    }
+    dev.read_at(off, &mut head).map_err(|source| VolumeError::Io {
+        what: "cannot read the volume table".into(),
+        source,
+    })?;
+    if &head[..8] != MAGIC {
+        return Ok(if head.iter().all(|&b| b == 0) {
+            Slot::Empty
+        } else {
+            Slot::Foreign
+        });
+    }
+    let version = u32::from_le_bytes(head[8..12].try_into().unwrap());
+    let gen = u64::from_le_bytes(head[16..24].try_into().unwrap());
+    let len = u32::from_le_bytes(head[24..28].try_into().unwrap()) as usize;
+    let crc = u32::from_le_bytes(head[28..32].try_into().unwrap());
+    if version != VERSION || len > SLOT_BYTES as usize - HEADER {
+        return Ok(Slot::Damaged);
+    }
+    let mut buf = vec![0u8; round_up((HEADER + len) as u64, 4096) as usize];
+    dev.read_at(off, &mut buf).map_err(|source| VolumeError::Io {
+        what: "cannot read the volume table".into(),
+        source,
+    })?;
+    let json = &buf[HEADER..HEADER + len];
+    if crc32c::crc32c(json) != crc {
+        return Ok(Slot::Damaged);
+    }
+    match serde_json::from_slice::<Table>(json) {
+        Ok(t) => Ok(Slot::Good(gen, t)),
+        Err(_) => Ok(Slot::Damaged),
+    }
+}
+
+impl fmt::Debug for Volumes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Volumes")
+            .field("volumes", &self.list())
+            .finish()
+    }
+}
