@@ -83,7 +83,10 @@ pub struct Volumes {
 pub fn check_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 64
-        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric())
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
@@ -444,10 +447,11 @@ fn read_slot(dev: &dyn BlockDevice, slot: u64) -> Result<Slot> {
             human(TABLE_AREA_BYTES)
         ));
     }
-    dev.read_at(off, &mut head).map_err(|source| VolumeError::Io {
-        what: "cannot read the volume table".into(),
-        source,
-    })?;
+    dev.read_at(off, &mut head)
+        .map_err(|source| VolumeError::Io {
+            what: "cannot read the volume table".into(),
+            source,
+        })?;
     if &head[..8] != MAGIC {
         return Ok(if head.iter().all(|&b| b == 0) {
             Slot::Empty
@@ -463,10 +467,11 @@ fn read_slot(dev: &dyn BlockDevice, slot: u64) -> Result<Slot> {
         return Ok(Slot::Damaged);
     }
     let mut buf = vec![0u8; round_up((HEADER + len) as u64, 4096) as usize];
-    dev.read_at(off, &mut buf).map_err(|source| VolumeError::Io {
-        what: "cannot read the volume table".into(),
-        source,
-    })?;
+    dev.read_at(off, &mut buf)
+        .map_err(|source| VolumeError::Io {
+            what: "cannot read the volume table".into(),
+            source,
+        })?;
     let json = &buf[HEADER..HEADER + len];
     if crc32c::crc32c(json) != crc {
         return Ok(Slot::Damaged);
