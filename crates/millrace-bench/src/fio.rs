@@ -29,6 +29,7 @@ pub fn raw(
     workload: Workload,
     bs: u64,
     jobs: usize,
+    iodepth: usize,
     secs: f64,
 ) -> Result<Measured, String> {
     let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
@@ -56,7 +57,7 @@ pub fn raw(
             &format!("--bs={bs}"),
             "--direct=1",
             "--ioengine=io_uring",
-            "--iodepth=1",
+            &format!("--iodepth={iodepth}"),
             &format!("--numjobs={jobs}"),
             "--group_reporting",
             "--time_based",

@@ -52,24 +52,42 @@ pub struct Setup {
 pub struct Options {
     pub workloads: Vec<Workload>,
     pub jobs: Vec<usize>,
-    /// Request size; None: 1 MiB sequential (whole full stripes for sequential writes), 4 KiB random.
-    pub bs: Option<u64>,
+    /// Requests in flight per job. The engine's API is synchronous, so a job at depth Q is Q
+    /// threads with one request each: J jobs at depth Q keep J x Q requests in flight, as fio's
+    /// numjobs=J iodepth=Q does.
+    pub iodepth: Vec<usize>,
+    /// Request sizes; empty: 1 MiB sequential (whole full stripes), 4 KiB random. Sequential
+    /// writes round up to whole full stripes.
+    pub bs: Vec<u64>,
     pub degraded: Vec<usize>,
     pub seconds: f64,
     /// Also measure a rebuild: its rate idle and under load, and the workloads while it runs.
     pub rebuild: bool,
 }
 
-fn bs_for(setup: &Setup, opts: &Options, w: Workload) -> u64 {
+/// Request sizes of one workload, deduplicated in the order asked.
+fn sizes_for(setup: &Setup, opts: &Options, w: Workload) -> Vec<u64> {
     let fs = setup.geo.full_stripe_bytes();
-    match (w, opts.bs) {
-        // Sequential writes go in whole full stripes, as aligned clients send them.
-        (Workload::SeqWrite, b) => b.unwrap_or(1 << 20).div_ceil(fs) * fs,
-        (_, Some(b)) => b,
-        // Sequential reads too, by default: the size the pool reports as its preferred I/O.
-        (w, None) if w.sequential() => (1u64 << 20).div_ceil(fs) * fs,
-        _ => 4096,
+    let asked: Vec<Option<u64>> = if opts.bs.is_empty() {
+        vec![None]
+    } else {
+        opts.bs.iter().map(|&b| Some(b)).collect()
+    };
+    let mut out: Vec<u64> = Vec::new();
+    for b in asked {
+        let size = match (w, b) {
+            // Sequential writes go in whole full stripes, as aligned clients send them.
+            (Workload::SeqWrite, b) => b.unwrap_or(1 << 20).div_ceil(fs) * fs,
+            (_, Some(b)) => b,
+            // Sequential reads too, by default: the size the pool reports as its preferred I/O.
+            (w, None) if w.sequential() => (1u64 << 20).div_ceil(fs) * fs,
+            _ => 4096,
+        };
+        if !out.contains(&size) {
+            out.push(size);
+        }
     }
+    out
 }
 
 /// States to measure: `failed` members out, spread over groups the way failures that the pool
@@ -110,7 +128,12 @@ pub fn run_suite(
         .iter()
         .filter_map(|&f| failed_set(&geo, f).map(|s| (f, s)))
         .collect();
-    let total = opts.workloads.len() * opts.jobs.len() * (states.len() + 1);
+    let sizes: Vec<(Workload, u64)> = opts
+        .workloads
+        .iter()
+        .flat_map(|&w| sizes_for(setup, opts, w).into_iter().map(move |b| (w, b)))
+        .collect();
+    let total = sizes.len() * opts.jobs.len() * opts.iodepth.len() * (states.len() + 1);
     let mut done = 0;
     let mut points = Vec::new();
     let raw_target = run::RawTarget {
@@ -120,8 +143,7 @@ pub fn run_suite(
         simulated: setup.simulated,
     };
     let use_fio = setup.files.is_some() && fio::available();
-    for &w in &opts.workloads {
-        let bs = bs_for(setup, opts, w);
+    for &(w, bs) in &sizes {
         let unit = if w.sequential() { "GB/s" } else { "IOPS" };
         let value = |m: &run::Measured| if w.sequential() { m.gbps() } else { m.iops() };
         let ideal = if w.writes() && w.sequential() {
@@ -130,85 +152,55 @@ pub fn run_suite(
             1.0
         };
         for &jobs in &opts.jobs {
-            progress(
-                format!("{} {} x{jobs} raw drives", w.name(), report::size(bs)),
-                done,
-                total,
-            );
-            // The raw row is the drives' aggregate: two jobs per drive at least, so every drive is
-            // busy (as every drive of the array is), with the array's per-drive request size.
-            let raw_bs = if w.sequential() {
-                bs.min(1 << 20).min(geo.strip.max(1 << 20))
-            } else {
-                bs
-            };
-            let raw_jobs = jobs.max(2 * geo.members);
-            let (raw, raw_by) = match (&setup.files, use_fio) {
-                (Some(files), true) => (
-                    fio::raw(
-                        files,
-                        setup.data_offset,
-                        geo.member_data_bytes,
-                        w,
-                        raw_bs,
-                        raw_jobs,
-                        opts.seconds,
-                    )?,
-                    "fio",
-                ),
-                _ => (
-                    run::run(&raw_target, w, raw_bs, raw_jobs, opts.seconds)
-                        .map_err(|e| e.to_string())?,
-                    "millrace",
-                ),
-            };
-            done += 1;
-            for (failed, set) in &states {
-                progress(
-                    format!(
-                        "{} {} x{jobs} {}",
-                        w.name(),
-                        report::size(bs),
-                        state_name(*failed)
-                    ),
-                    done,
-                    total,
+            for &qd in &opts.iodepth {
+                let label = format!(
+                    "{} {} {}",
+                    w.name(),
+                    report::size(bs),
+                    report::jobs(jobs, qd)
                 );
-                let mut st = vec![MemberState::Online; geo.members];
-                for &m in set {
-                    st[m] = MemberState::Faulty;
-                }
-                let array = Array::new(geo, setup.data_offset, setup.drives.clone(), &st);
-                let m = run::run(
-                    &run::ArrayTarget {
-                        array: &array,
-                        simulated: setup.simulated,
-                    },
-                    w,
-                    bs,
-                    jobs,
-                    opts.seconds,
-                )
-                .map_err(|e| e.to_string())?;
-                let (v, rv) = (value(&m), value(&raw));
-                points.push(Point {
-                    level: geo.level.to_string(),
-                    drives: geo.members,
-                    state: state_name(*failed),
-                    workload: w,
-                    bs_bytes: bs,
-                    jobs,
-                    iodepth: 1,
-                    value: v,
-                    unit,
-                    raw_value: rv,
-                    ratio: if rv > 0.0 { v / rv } else { 0.0 },
-                    ideal_ratio: ideal,
-                    cpu_seconds_per_gb: m.cpu_seconds / (m.bytes as f64 / 1e9).max(1e-9),
-                    raw_cpu_seconds_per_gb: raw.cpu_seconds / (raw.bytes as f64 / 1e9).max(1e-9),
-                    raw_by,
-                });
+                progress(format!("{label} raw drives"), done, total);
+                let raw = raw_point(setup, &raw_target, use_fio, w, bs, jobs, qd, opts.seconds)?;
+                let (raw, raw_by) = raw;
                 done += 1;
+                for (failed, set) in &states {
+                    progress(format!("{label} {}", state_name(*failed)), done, total);
+                    let mut st = vec![MemberState::Online; geo.members];
+                    for &m in set {
+                        st[m] = MemberState::Faulty;
+                    }
+                    let array = Array::new(geo, setup.data_offset, setup.drives.clone(), &st);
+                    let m = run::run(
+                        &run::ArrayTarget {
+                            array: &array,
+                            simulated: setup.simulated,
+                        },
+                        w,
+                        bs,
+                        jobs * qd,
+                        opts.seconds,
+                    )
+                    .map_err(|e| e.to_string())?;
+                    let (v, rv) = (value(&m), value(&raw));
+                    points.push(Point {
+                        level: geo.level.to_string(),
+                        drives: geo.members,
+                        state: state_name(*failed),
+                        workload: w,
+                        bs_bytes: bs,
+                        jobs,
+                        iodepth: qd,
+                        value: v,
+                        unit,
+                        raw_value: rv,
+                        ratio: if rv > 0.0 { v / rv } else { 0.0 },
+                        ideal_ratio: ideal,
+                        cpu_seconds_per_gb: m.cpu_per_gb(),
+                        raw_cpu_seconds_per_gb: raw.cpu_per_gb(),
+                        raw_by,
+                    });
+                    done += 1;
+                }
             }
         }
     }
@@ -228,6 +220,54 @@ pub fn run_suite(
         }
     }
     Ok(points)
+}
+
+/// The raw drives' aggregate for one point: every drive busy (two jobs per drive at least, as
+/// every drive of the array is busy), sequential requests of 1 MiB (or a strip, if larger; never
+/// more than the array's request): what the drives can do, not what the engine happens to ask.
+#[allow(clippy::too_many_arguments)]
+fn raw_point(
+    setup: &Setup,
+    raw_target: &run::RawTarget,
+    use_fio: bool,
+    w: Workload,
+    bs: u64,
+    jobs: usize,
+    qd: usize,
+    seconds: f64,
+) -> Result<(run::Measured, &'static str), String> {
+    let geo = setup.geo;
+    let raw_bs = if w.sequential() {
+        bs.min(geo.strip.max(1 << 20))
+    } else {
+        bs
+    };
+    match (&setup.files, use_fio) {
+        (Some(files), true) => Ok((
+            fio::raw(
+                files,
+                setup.data_offset,
+                geo.member_data_bytes,
+                w,
+                raw_bs,
+                jobs.max(2 * geo.members),
+                qd,
+                seconds,
+            )?,
+            "fio",
+        )),
+        _ => Ok((
+            run::run(
+                raw_target,
+                w,
+                raw_bs,
+                (jobs * qd).max(2 * geo.members),
+                seconds,
+            )
+            .map_err(|e| e.to_string())?,
+            "millrace",
+        )),
+    }
 }
 
 /// Rebuilds member 0 of a private array from row 0 for up to `secs` seconds (or until `stop`);
@@ -348,7 +388,7 @@ fn measure_rebuild(setup: &Setup, opts: &Options, points: &mut Vec<Point>) -> Re
         raw_value: 0.0,
         ratio: 0.0,
         ideal_ratio: 1.0,
-        cpu_seconds_per_gb: reads.cpu_seconds / (reads.bytes as f64 / 1e9).max(1e-9),
+        cpu_seconds_per_gb: reads.cpu_per_gb(),
         raw_cpu_seconds_per_gb: 0.0,
         raw_by: "millrace",
     });
@@ -366,51 +406,138 @@ pub fn sim_drives(spec: &sim::SimSpec) -> Vec<Arc<dyn Drive>> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_tiny_suite_yields_ratios() {
-        let spec: sim::SimSpec = "6x2G".parse().unwrap();
-        let geo = Geometry::new(millrace_array::Level::Raid6, 6, None, 65536, 1 << 30).unwrap();
-        let setup = Setup {
+    fn sim_setup(level: millrace_array::Level, spec: &str) -> Setup {
+        let spec: sim::SimSpec = spec.parse().unwrap();
+        let geo = Geometry::new(level, spec.drives, None, 65536, 1 << 30).unwrap();
+        Setup {
             geo,
             data_offset: 1 << 20,
             drives: sim_drives(&spec),
             files: None,
             simulated: true,
-        };
-        let opts = Options {
-            workloads: vec![Workload::SeqRead, Workload::RandWrite],
+        }
+    }
+
+    fn opts(workloads: Vec<Workload>, degraded: Vec<usize>, seconds: f64) -> Options {
+        Options {
+            workloads,
             jobs: vec![2],
-            bs: None,
-            degraded: vec![0, 1, 5],
-            seconds: 0.2,
-            rebuild: true,
-        };
-        let pts = run_suite(&setup, &opts, &mut |_, _, _| {}).unwrap();
-        // 5 failures exceed raid6: that state is left out, not faked. Then two rebuild rates
-        // and the read rate while rebuilding.
-        assert_eq!(pts.len(), 7);
+            iodepth: vec![1],
+            bs: Vec::new(),
+            degraded,
+            seconds,
+            rebuild: false,
+        }
+    }
+
+    const FIELDS: [&str; 11] = [
+        "level",
+        "drives",
+        "state",
+        "workload",
+        "bs_bytes",
+        "jobs",
+        "iodepth",
+        "value",
+        "unit",
+        "raw_value",
+        "ratio",
+    ];
+
+    #[test]
+    fn a_two_point_run_is_quick_and_has_ratios() {
+        let setup = sim_setup(millrace_array::Level::Raid6, "6x2G");
+        let t = std::time::Instant::now();
+        let pts = run_suite(
+            &setup,
+            &opts(vec![Workload::SeqRead], vec![0, 1], 0.05),
+            &mut |_, _, _| {},
+        )
+        .unwrap();
+        assert_eq!(pts.len(), 2);
         for p in &pts {
-            assert!(p.value > 0.0, "{p:?}");
-            if p.state != "rebuilding" {
-                assert!(p.raw_value > 0.0 && p.ratio > 0.0, "{p:?}");
+            assert!(p.value > 0.0 && p.raw_value > 0.0 && p.ratio > 0.0, "{p:?}");
+            assert_eq!(p.raw_by, "millrace");
+        }
+        // Three runs of 0.05 s: generous, so a loaded machine does not fail it.
+        assert!(t.elapsed().as_secs_f64() < 5.0);
+    }
+
+    #[test]
+    fn json_has_the_fields_scripts_use() {
+        let setup = sim_setup(millrace_array::Level::Raid5, "4x2G");
+        let mut o = opts(vec![Workload::RandRead], vec![0], 0.03);
+        o.iodepth = vec![1, 4];
+        let pts = run_suite(&setup, &o, &mut |_, _, _| {}).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&report::json(&pts)).unwrap();
+        let results = v["results"].as_array().expect("a list named results");
+        assert_eq!(results.len(), 2);
+        for r in results {
+            for k in FIELDS {
+                assert!(r.get(k).is_some(), "JSON lacks {k}: {r}");
             }
+            assert_eq!(r["workload"], "rand_read");
+            assert_eq!(r["unit"], "IOPS");
+            assert_eq!(r["bs_bytes"], 4096);
         }
-        let v = serde_json::to_value(&pts[0]).unwrap();
-        for k in [
-            "level",
-            "drives",
-            "state",
-            "workload",
-            "bs_bytes",
-            "jobs",
-            "iodepth",
-            "value",
-            "unit",
-            "raw_value",
-            "ratio",
-        ] {
-            assert!(v.get(k).is_some(), "JSON lacks {k}");
+        assert_eq!(results[1]["iodepth"], 4);
+    }
+
+    #[test]
+    fn the_table_has_a_raw_row_and_a_row_per_state() {
+        let setup = sim_setup(millrace_array::Level::Raid6, "6x2G");
+        let mut o = opts(
+            vec![Workload::SeqRead, Workload::SeqWrite],
+            vec![0, 2],
+            0.03,
+        );
+        o.jobs = vec![1, 2];
+        let pts = run_suite(&setup, &o, &mut |_, _, _| {}).unwrap();
+        let t = report::table(&pts);
+        // A block per workload: a title, the job counts, raw drives, healthy, 2 failed.
+        let blocks: Vec<&str> = t.split("\n\n").collect();
+        assert_eq!(blocks.len(), 2, "{t}");
+        for b in blocks {
+            let lines: Vec<&str> = b.trim().lines().collect();
+            assert!(lines[0].starts_with("raid6 seq "), "{t}");
+            assert!(lines[1].starts_with("numjobs") && lines[1].split_whitespace().count() == 3);
+            assert!(lines[2].starts_with("raw drives"));
+            assert!(lines[3].starts_with("healthy") && lines[3].contains('%'));
+            assert!(lines[4].starts_with("2 failed"));
         }
+        assert!(t.contains("at most 67% of raw"), "{t}");
+    }
+
+    #[test]
+    fn sizes_round_sequential_writes_to_full_stripes() {
+        let setup = sim_setup(millrace_array::Level::Raid6, "6x2G");
+        let mut o = opts(vec![], vec![0], 0.1);
+        assert_eq!(sizes_for(&setup, &o, Workload::SeqRead), vec![1 << 20]);
+        assert_eq!(sizes_for(&setup, &o, Workload::RandRead), vec![4096]);
+        o.bs = vec![128 << 10, 1 << 20, 4 << 20];
+        assert_eq!(
+            sizes_for(&setup, &o, Workload::SeqRead),
+            vec![128 << 10, 1 << 20, 4 << 20]
+        );
+        // Full stripe: 4 data x 64 KiB.
+        assert_eq!(
+            sizes_for(&setup, &o, Workload::SeqWrite),
+            vec![256 << 10, 1 << 20, 4 << 20]
+        );
+    }
+
+    #[test]
+    fn a_rebuild_is_measured_with_reads_beside_it() {
+        let setup = sim_setup(millrace_array::Level::Raid6, "6x2G");
+        let mut o = opts(vec![Workload::SeqRead], vec![0], 0.05);
+        o.rebuild = true;
+        let pts = run_suite(&setup, &o, &mut |_, _, _| {}).unwrap();
+        // The healthy point, two rebuild rates and the read rate while rebuilding.
+        assert_eq!(pts.len(), 4, "{pts:?}");
+        for p in &pts {
+            assert!(p.value > 0.0 && p.ratio > 0.0, "{p:?}");
+        }
+        assert!(pts.iter().any(|p| p.state == "rebuilding"));
     }
 
     #[test]
@@ -419,5 +546,7 @@ mod tests {
         assert_eq!(failed_set(&geo, 2), Some(vec![0, 4]));
         assert_eq!(failed_set(&geo, 4), Some(vec![0, 4, 1, 5]));
         assert_eq!(failed_set(&geo, 5), None);
+        let geo = Geometry::new(millrace_array::Level::Raid0, 4, None, 65536, 1 << 20).unwrap();
+        assert_eq!(failed_set(&geo, 1), None);
     }
 }

@@ -121,6 +121,9 @@ impl Measured {
     pub fn iops(&self) -> f64 {
         self.ops as f64 / self.seconds
     }
+    pub fn cpu_per_gb(&self) -> f64 {
+        self.cpu_seconds / (self.bytes as f64 / 1e9).max(1e-9)
+    }
 }
 
 pub fn cpu_seconds() -> f64 {

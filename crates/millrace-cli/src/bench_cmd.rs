@@ -32,9 +32,13 @@ pub struct BenchArgs {
     /// Job counts (threads), comma separated.
     #[arg(long, default_value = "1,4,16", value_delimiter = ',')]
     jobs: Vec<usize>,
-    /// Request size (default 1M sequential, 4K random; sequential writes round up to full stripes).
-    #[arg(long, value_parser = parse_bytes)]
-    bs: Option<u64>,
+    /// Requests in flight per job, comma separated (each is a thread: the engine is synchronous).
+    #[arg(long, default_value = "1", value_delimiter = ',')]
+    iodepth: Vec<usize>,
+    /// Request sizes, comma separated, like 128k,1M,4M (default: 1M rounded up to whole full
+    /// stripes sequential, 4K random; sequential writes always round up to whole full stripes).
+    #[arg(long, value_parser = parse_bytes, value_delimiter = ',')]
+    bs: Vec<u64>,
     /// Numbers of failed drives to measure, comma separated.
     #[arg(long, default_value = "0,1,2", value_delimiter = ',')]
     degraded: Vec<usize>,
@@ -75,6 +79,16 @@ fn workloads(suite: &str) -> Result<Vec<Workload>> {
 pub fn run(home: &Path, a: BenchArgs) -> Result<()> {
     if a.jobs.is_empty() || a.jobs.contains(&0) || a.jobs.iter().any(|&j| j > 256) {
         bail!("--jobs takes job counts from 1 to 256, like 1,4,16");
+    }
+    if a.iodepth.is_empty() || a.iodepth.contains(&0) || a.iodepth.iter().any(|&q| q > 256) {
+        bail!("--iodepth takes depths from 1 to 256, like 1,4,16,64");
+    }
+    let most = a.jobs.iter().max().unwrap() * a.iodepth.iter().max().unwrap();
+    if most > 2048 {
+        bail!("--jobs times --iodepth asks for {most} requests in flight; each is a thread here, and 2048 is the most this bench runs");
+    }
+    if a.bs.iter().any(|&b| b == 0 || b % 512 != 0 || b > 1 << 30) {
+        bail!("--bs takes sizes that are whole multiples of 512 bytes, up to 1G, like 128k,1M,4M");
     }
     if !(a.seconds > 0.0 && a.seconds <= 600.0) {
         bail!("--seconds must be above 0 and at most 600");
@@ -128,9 +142,28 @@ pub fn run(home: &Path, a: BenchArgs) -> Result<()> {
     if a.rebuild && a.pool.is_some() && !a.write {
         bail!("--rebuild rewrites a member of the pool; pass --write too to allow it");
     }
+    if a.rebuild && setup.geo.tolerance_per_group() == 0 {
+        eprintln!(
+            "note: a {} pool survives no drive failure, so there is no rebuild to measure",
+            setup.geo.level
+        );
+    }
+    let skipped: Vec<usize> = a
+        .degraded
+        .iter()
+        .copied()
+        .filter(|&f| f > setup.geo.tolerance_per_group() * setup.geo.groups())
+        .collect();
+    if !skipped.is_empty() {
+        eprintln!(
+            "note: states with {skipped:?} failed drives skipped: a {} pool of {} drives does not survive them",
+            setup.geo.level, setup.geo.members
+        );
+    }
     let opts = Options {
         workloads: wl,
         jobs: a.jobs,
+        iodepth: a.iodepth,
         bs: a.bs,
         degraded: a.degraded,
         seconds: a.seconds,
@@ -147,10 +180,8 @@ pub fn run(home: &Path, a: BenchArgs) -> Result<()> {
     bar.finish_and_clear();
     print!("{}", millrace_bench::report::table(&points));
     if let Some(j) = &a.json {
-        std::fs::write(
-            j,
-            serde_json::to_string_pretty(&serde_json::json!({ "results": points }))?,
-        )?;
+        std::fs::write(j, millrace_bench::report::json(&points))
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", j.display()))?;
         eprintln!("results written to {}", j.display());
     }
     if let Some(p) = &a.plot {
