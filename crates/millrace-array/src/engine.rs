@@ -1355,6 +1355,11 @@ impl Array {
         }
     }
 
+    /// Rows per rebuild batch: about 1 MiB of each member, large sequential I/O for every drive.
+    pub fn rebuild_batch_rows(&self) -> u64 {
+        ((1 << 20) / self.geo.strip).max(1)
+    }
+
     /// Rebuilds rows `first..first + count` as one batch: one contiguous read per surviving
     /// member and one contiguous write per target, instead of a strip-sized round trip per row,
     /// which left a rebuild waiting out every drive's latency twice per strip. Falls back to
@@ -1413,8 +1418,10 @@ impl Array {
                     });
                 }
                 // One buffer per group member, indexed by position in `members`.
-                let mut bufs: Vec<AlignedBuf> =
-                    members.iter().map(|_| AlignedBuf::zeroed(span)).collect();
+                let mut bufs: Vec<AlignedBuf> = members
+                    .iter()
+                    .map(|_| crate::aligned::scratch(span))
+                    .collect();
                 let readers: Vec<usize> = if geo.level.is_parity() {
                     sources.clone()
                 } else {
@@ -1465,6 +1472,8 @@ impl Array {
                     .map(|(b, &m)| Op::write(m, off, b))
                     .collect();
                 self.run(&mut ops);
+                drop(ops);
+                crate::aligned::recycle(bufs);
             }
             for &m in &targets {
                 if self.member_state(m) == MemberState::Rebuilding {

@@ -41,8 +41,6 @@ fn err<T>(msg: impl Into<String>) -> Result<T> {
 }
 
 const MIB: u64 = 1 << 20;
-/// How much of each member one rebuild batch covers.
-const REBUILD_WINDOW_BYTES: u64 = MIB;
 /// How much of a drive's start is checked for foreign content before it is claimed.
 const BLANK_CHECK: usize = 64 << 10;
 
@@ -1089,8 +1087,7 @@ impl Pool {
         let t0 = std::time::Instant::now();
         let mut last_save = t0;
         let row_bytes = geo.strip * targets.len() as u64;
-        // Rows per batch: about 1 MiB per member, so each drive sees large sequential I/O.
-        let window = (REBUILD_WINDOW_BYTES / geo.strip).max(1);
+        let window = self.array.rebuild_batch_rows();
         let mut row = start;
         while row < geo.rows() {
             let n = window.min(geo.rows() - row);

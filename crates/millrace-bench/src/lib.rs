@@ -284,11 +284,14 @@ fn rebuild_rate(
         && !stop.load(std::sync::atomic::Ordering::Relaxed)
         && rows < array.geometry().rows()
     {
-        array.rebuild_row(rows).map_err(|e| e.to_string())?;
+        let n = array
+            .rebuild_batch_rows()
+            .min(array.geometry().rows() - rows);
+        array.rebuild_rows(rows, n).map_err(|e| e.to_string())?;
         if simulated {
             sim::wait();
         }
-        rows += 1;
+        rows += n;
     }
     Ok(rows as f64 * array.geometry().strip as f64 / t0.elapsed().as_secs_f64())
 }
