@@ -20,6 +20,7 @@ step() {
 step "cargo fmt" cargo fmt --all --check
 step "cargo clippy" cargo clippy --workspace --all-targets -q -- -D warnings
 step "cargo test" cargo test --workspace -q
+step "fuzz: nvme/tcp pdu and session (short run)" bash scripts/fuzz.sh
 if [[ -f python/pyproject.toml ]]; then
   step "python client" bash python/tests/run.sh
 fi

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# A short fuzz run of the NVMe/TCP target: the PDU and command decoders (pdu_decode) and whole
+# connections (conn_session), FUZZ_SECONDS each (45 by default). Needs nightly Rust and
+# cargo-fuzz, and installs them if it can. Exits non-zero on a crash and names the input that
+# caused it; replay one with `cargo +nightly fuzz run TARGET ARTIFACT` in crates/millrace-nvmf.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+secs=${FUZZ_SECONDS:-45}
+targets=(${FUZZ_TARGETS:-pdu_decode conn_session})
+
+if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+  if ! rustup toolchain install nightly --profile minimal; then
+    echo "SKIP fuzz: no nightly Rust toolchain and 'rustup toolchain install nightly' failed, and cargo-fuzz needs nightly for its sanitizer flags."
+    exit 0
+  fi
+fi
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  cargo install cargo-fuzz --locked || { echo "could not install cargo-fuzz"; exit 1; }
+fi
+
+fuzz=crates/millrace-nvmf/fuzz
+cargo run -q -p millrace-nvmf --example nvmf_fuzz_seeds -- "$fuzz/corpus" || exit 1
+
+status=0
+for t in "${targets[@]}"; do
+  echo "--- fuzz $t for ${secs} s"
+  mkdir -p "$fuzz/artifacts/$t"
+  before=$(ls "$fuzz/artifacts/$t" | wc -l)
+  (cd crates/millrace-nvmf && cargo +nightly fuzz run "$t" -- \
+      -max_total_time="$secs" -rss_limit_mb=2048 -timeout=30 -print_final_stats=1 2>&1) \
+    | grep -v '^#[0-9]*.*\(NEW\|REDUCE\|pulse\)' | tail -n 60
+  rc=${PIPESTATUS[0]}
+  after=$(ls "$fuzz/artifacts/$t" | wc -l)
+  if ((rc != 0 || after > before)); then
+    status=1
+    echo "FUZZ FAILURE in $t (exit $rc); inputs that crashed it:"
+    ls -t "$fuzz/artifacts/$t" | head -n 5 | sed "s|^|  $fuzz/artifacts/$t/|"
+  fi
+done
+exit $status
