@@ -1,0 +1,163 @@
+"""Checkpoints as safetensors files, saved and loaded in parallel, crash-safe."""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping, Optional
+
+import numpy as np
+
+from . import _gpu, _io, _safetensors
+from .core import write_segments
+from .errors import DTypeMismatchError
+
+CKPT_CHUNK = 8 << 20
+CKPT_THREADS = 8
+
+
+def save_checkpoint(
+    state_dict: Mapping,
+    path,
+    *,
+    metadata: Optional[Mapping[str, str]] = None,
+    threads: Optional[int] = CKPT_THREADS,
+    chunk: int = CKPT_CHUNK,
+    fsync: bool = True,
+    direct: Optional[bool] = None,
+) -> int:
+    """Save a state dict of torch tensors (any device) or NumPy arrays as a safetensors file.
+
+    The file is written in parallel into a temporary file next to ``path``: tensor data first,
+    fsync, then the header, fsync, then an atomic rename over ``path`` and an fsync of the
+    directory. A crash at any point leaves either the old file at ``path`` or the complete new
+    one; the temporary file never has a valid header before all its data is durable.
+    Returns the file size in bytes.
+    """
+    path = os.fspath(path)
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(
+            f"save_checkpoint needs a mapping of names to tensors, got {type(state_dict).__name__}."
+        )
+    torch = _gpu.torch_module()
+    entries, sources = [], {}
+    for name, value in state_dict.items():
+        if not isinstance(name, str):
+            raise TypeError(f"state dict keys must be str, got {name!r}.")
+        if torch is not None and isinstance(value, torch.Tensor):
+            if value.is_sparse or value.layout != torch.strided:
+                raise TypeError(f"tensor {name!r} is sparse; call .to_dense() before saving it.")
+            flat = _gpu.tensor_bytes(value)
+            src = ("cuda", flat) if flat.is_cuda else ("host", flat.numpy())
+            shape = tuple(value.shape)
+        elif isinstance(value, np.ndarray):
+            arr = value if value.flags.c_contiguous else value.copy(order="C")
+            if arr.dtype.byteorder == ">":
+                arr = arr.astype(arr.dtype.newbyteorder("<"))
+            src = ("host", arr.reshape(-1).view(np.uint8))
+            shape = arr.shape
+            value = arr
+        else:
+            raise TypeError(
+                f"state dict entry {name!r} is a {type(value).__name__}; save_checkpoint takes "
+                "torch tensors or NumPy arrays."
+            )
+        st = _safetensors.st_dtype_of(value)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * _safetensors.DTYPES[st][0]
+        entries.append((name, st, shape, nbytes))
+        sources[name] = src
+    header, infos = _safetensors.build_header(entries, dict(metadata) if metadata else None)
+    base = len(header)
+    segments = []
+    for t in infos:
+        if t.nbytes:
+            kind, src = sources[t.name]
+            segments.append((base + t.begin, t.nbytes, kind, src))
+    size = base + (infos[-1].end if infos else 0)
+    write_segments(
+        path,
+        size,
+        segments,
+        threads=threads,
+        chunk=chunk,
+        fsync=fsync,
+        atomic=True,
+        direct=direct,
+        header=header,
+    )
+    return size
+
+
+def load_checkpoint(
+    path,
+    device="cpu",
+    *,
+    framework: Optional[str] = None,
+    raw: bool = False,
+    threads: Optional[int] = CKPT_THREADS,
+    chunk: int = CKPT_CHUNK,
+    gds: Optional[bool] = None,
+    direct: Optional[bool] = None,
+) -> dict:
+    """Load a safetensors file into a dict of tensors.
+
+    ``framework`` is "torch" or "numpy"; by default torch when it is installed, else NumPy.
+    ``device="cuda"`` needs torch and puts every tensor in GPU memory (one parallel read of the
+    whole data buffer, then views). ``raw=True`` (NumPy only) returns dtypes NumPy lacks
+    (bfloat16, float8) as unsigned integers of the same width.
+    """
+    dev = _gpu.check_device(device)
+    torch = _gpu.torch_module()
+    if framework is None:
+        framework = "torch" if torch is not None else "numpy"
+    if framework not in ("torch", "numpy"):
+        raise ValueError(f"framework must be 'torch' or 'numpy', got {framework!r}.")
+    if framework == "torch" and torch is None:
+        raise ImportError("framework='torch' needs PyTorch; install torch or use 'numpy'.")
+    if dev is not None and framework == "numpy":
+        raise ValueError("device='cuda' gives torch tensors; use framework='torch' (or None).")
+    with _io.InputFile(path, direct) as f:
+        h = _safetensors.parse_header(f)
+        if dev is None:
+            data = _io.read_range_host(f, h.data_start, h.data_size, threads, chunk)
+            out = {}
+            for t in h.tensors:
+                part = data[t.begin : t.end]
+                if framework == "numpy":
+                    dt = (
+                        _safetensors.raw_numpy_dtype(t.dtype)
+                        if raw
+                        else _safetensors.numpy_dtype(t.dtype, t.name)
+                    )
+                    out[t.name] = _view_np(part, dt, t.shape)
+                else:
+                    u8 = torch.from_numpy(part) if part.size else torch.empty(0, dtype=torch.uint8)
+                    out[t.name] = _view_torch(u8, t)
+            return _in_header_order(out, h)
+        dest = torch.empty(h.data_size, dtype=torch.uint8, device=dev)
+        _gpu.read_to_device(f, h.data_start, h.data_size, dest, threads, chunk, _gpu.use_gds(gds))
+        out = {t.name: _view_torch(dest[t.begin : t.end], t) for t in h.tensors}
+        return _in_header_order(out, h)
+
+
+def _in_header_order(out: dict, h) -> dict:
+    return {t.name: out[t.name] for t in sorted(h.tensors, key=lambda t: t.name)}
+
+
+def _view_np(part: np.ndarray, dt: np.dtype, shape: tuple) -> np.ndarray:
+    if part.ctypes.data % dt.itemsize:
+        part = part.copy()
+    return part.view(dt).reshape(shape)
+
+
+def _view_torch(u8, t):
+    torch = _gpu.torch_module()
+    dtype = _safetensors.torch_dtype(t.dtype)
+    item = _safetensors.DTYPES[t.dtype][0]
+    if u8.numel() == 0:
+        return torch.empty(t.shape, dtype=dtype, device=u8.device)
+    if u8.data_ptr() % item:
+        u8 = u8.clone()
+    try:
+        return u8.view(dtype).reshape(t.shape)
+    except RuntimeError as e:
+        raise DTypeMismatchError(f"tensor {t.name!r} cannot be viewed as {dtype}: {e}") from e
