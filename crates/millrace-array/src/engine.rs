@@ -1241,7 +1241,7 @@ impl Array {
 }
 
 /// What scrubbing one or more rows found.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ScrubReport {
     pub rows_checked: u64,
     /// Groups whose redundancy disagreed with their data.

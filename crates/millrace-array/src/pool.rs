@@ -708,6 +708,13 @@ impl Pool {
         self.meta.sb.lock().clone()
     }
 
+    /// Records the pool as in use before writes reach it by a path other than [`Pool::write_at`]
+    /// (a server's volumes write to the array directly), so a crash is noticed at the next
+    /// import and the write-intent bitmap's regions are resynced.
+    pub fn mark_in_use(&self) -> Result<()> {
+        self.mark_dirty()
+    }
+
     /// Records the pool as dirty before its first write, so a crash is noticed at the next import.
     fn mark_dirty(&self) -> Result<()> {
         if self.dirty.swap(true, Ordering::AcqRel) {

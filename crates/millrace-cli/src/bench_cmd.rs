@@ -13,7 +13,7 @@ use crate::format::parse_bytes;
 )]
 pub struct BenchArgs {
     /// An existing pool (read workloads only, unless --write).
-    pool: Option<String>,
+    pub pool: Option<String>,
     /// A simulated pool instead: DRIVESxRATE[:IOPS], e.g. 16x400M (RAM drives capped at 400 MB/s).
     #[arg(long, conflicts_with = "pool")]
     sim: Option<SimSpec>,

@@ -5,6 +5,7 @@ use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use millrace_array::Cache;
 
+use crate::client::{seg, Api};
 use crate::format::parse_bytes;
 
 #[derive(Subcommand)]
@@ -61,7 +62,78 @@ fn start_pending_rebuild(home: &Path, pool: &millrace_array::Pool, had_rebuild: 
     }
 }
 
-pub fn run(home: &Path, cmd: IoCmd) -> Result<()> {
+/// `millrace io` through a running server: the same streaming, in pieces the API takes.
+fn run_api(api: &Api, cmd: IoCmd) -> Result<()> {
+    const PIECE: usize = 16 << 20;
+    match cmd {
+        IoCmd::Write {
+            pool,
+            offset,
+            input,
+        } => {
+            let mut src: Box<dyn Read> = match &input {
+                Some(f) => Box::new(
+                    std::fs::File::open(f)
+                        .with_context(|| format!("cannot open {}", f.display()))?,
+                ),
+                None => Box::new(std::io::stdin().lock()),
+            };
+            let mut buf = vec![0u8; PIECE];
+            let mut pos = offset;
+            loop {
+                let mut n = 0;
+                while n < buf.len() {
+                    let r = src.read(&mut buf[n..]).context("cannot read the input")?;
+                    if r == 0 {
+                        break;
+                    }
+                    n += r;
+                }
+                if n == 0 {
+                    break;
+                }
+                api.write_bytes(&seg(&pool), pos, &buf[..n])
+                    .with_context(|| {
+                        format!("{} bytes were written, from {offset}", pos - offset)
+                    })?;
+                pos += n as u64;
+                if n < buf.len() {
+                    break;
+                }
+            }
+            eprintln!("wrote {} bytes at offset {offset}", pos - offset);
+            Ok(())
+        }
+        IoCmd::Read {
+            pool,
+            offset,
+            length,
+            output,
+        } => {
+            let mut dst: Box<dyn Write> = match &output {
+                Some(f) => Box::new(
+                    std::fs::File::create(f)
+                        .with_context(|| format!("cannot create {}", f.display()))?,
+                ),
+                None => Box::new(std::io::stdout().lock()),
+            };
+            let mut done = 0u64;
+            while done < length {
+                let n = (length - done).min(PIECE as u64);
+                let b = api.read_bytes(&seg(&pool), offset + done, n)?;
+                dst.write_all(&b).context("cannot write the output")?;
+                done += n;
+            }
+            dst.flush()?;
+            Ok(())
+        }
+    }
+}
+
+pub fn run(home: &Path, api: Option<&Api>, cmd: IoCmd) -> Result<()> {
+    if let Some(a) = api {
+        return run_api(a, cmd);
+    }
     match cmd {
         IoCmd::Write {
             pool,

@@ -1,9 +1,13 @@
 //! `millrace`: one command for pools, I/O, the server and the bench.
 
 mod bench_cmd;
+mod client;
+mod export_cmd;
 mod format;
 mod io_cmd;
 mod pool_cmd;
+mod serve_cmd;
+mod volume_cmd;
 
 use std::path::PathBuf;
 
@@ -26,6 +30,11 @@ struct Cli {
         default_value = "millrace-data"
     )]
     home: PathBuf,
+    /// The URL of a running server's API to use, e.g. http://10.0.0.2:8740 (default: the server
+    /// `millrace serve` runs for --home, found through MILLRACE_HOME/server.json). Its token
+    /// comes from MILLRACE_TOKEN.
+    #[arg(long, global = true, env = "MILLRACE_SERVER")]
+    server: Option<String>,
     /// More log output (-v info, -vv debug).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -38,6 +47,14 @@ enum Cmd {
     /// Create, inspect, import and destroy pools of drives.
     #[command(subcommand)]
     Pool(pool_cmd::PoolCmd),
+    /// Block volumes: named, stripe-aligned ranges of a pool.
+    #[command(subcommand)]
+    Volume(volume_cmd::VolumeCmd),
+    /// Serve volumes over NVMe/TCP and NBD (closed by default).
+    #[command(subcommand)]
+    Export(export_cmd::ExportCmd),
+    /// Run the data server: pools, exports, the HTTP API, /metrics and the dashboard.
+    Serve(serve_cmd::ServeArgs),
     /// Read and write a pool's bytes directly (for scripts and tests).
     #[command(subcommand)]
     Io(io_cmd::IoCmd),
@@ -52,6 +69,11 @@ enum Cmd {
 }
 
 fn main() {
+    // Like other Unix tools, end quietly when the reader of our output goes away (`| head`).
+    // SAFETY: setting a signal's disposition to its default before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let level = match cli.verbose {
         0 => "warn",
@@ -68,12 +90,28 @@ fn main() {
         .without_time()
         .with_target(false)
         .init();
-    let result = match cli.cmd {
-        Cmd::Pool(c) => pool_cmd::run(&cli.home, c),
-        Cmd::Io(c) => io_cmd::run(&cli.home, c),
-        Cmd::Status { json } => pool_cmd::status(&cli.home, json),
-        Cmd::Bench(a) => bench_cmd::run(&cli.home, a),
-    };
+    let result = (|| {
+        let home = &cli.home;
+        if let Cmd::Serve(a) = cli.cmd {
+            return serve_cmd::run(home, a);
+        }
+        let api = client::Api::find(home, cli.server.as_deref())?;
+        let api = api.as_ref();
+        match cli.cmd {
+            Cmd::Pool(c) => pool_cmd::run(home, api, c),
+            Cmd::Volume(c) => volume_cmd::run(home, api, c),
+            Cmd::Export(c) => export_cmd::run(home, api, c),
+            Cmd::Io(c) => io_cmd::run(home, api, c),
+            Cmd::Status { json } => pool_cmd::status(home, api, json),
+            Cmd::Bench(a) => {
+                if let (Some(a2), Some(p)) = (api, &a.pool) {
+                    anyhow::bail!("pool {p} is held by the running server at {}; stop it to bench the pool, or bench a simulated pool with --sim", a2.base());
+                }
+                bench_cmd::run(home, a)
+            }
+            Cmd::Serve(_) => unreachable!("handled above"),
+        }
+    })();
     if let Err(e) = result {
         eprintln!("error: {e:#}");
         std::process::exit(1);

@@ -4,6 +4,9 @@ use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use millrace_array::{Cache, CreateOptions, Level, Pool, PoolInfo};
 
+use serde_json::json;
+
+use crate::client::{seg, Api};
 use crate::format::{human, parse_bytes, table};
 
 #[derive(Subcommand)]
@@ -141,7 +144,175 @@ fn rebuild(pool: &Pool, rate: Option<u64>) -> Result<()> {
     Ok(())
 }
 
-pub fn run(home: &Path, cmd: PoolCmd) -> Result<()> {
+/// A served pool is always recorded in use (not clean) while the server runs: no note then.
+static SERVED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The pool commands through a running server's API.
+fn run_api(api: &Api, cmd: PoolCmd) -> Result<()> {
+    SERVED.store(true, std::sync::atomic::Ordering::Relaxed);
+    let p = |name: &str| format!("/api/v1/pools/{}", seg(name));
+    match cmd {
+        PoolCmd::Create {
+            name,
+            level,
+            strip,
+            group,
+            create,
+            force,
+            data_offset,
+            json,
+            drives,
+        } => {
+            if data_offset.is_some() {
+                bail!("--data-offset is only for pools created with no server running; stop `millrace serve` or leave it out");
+            }
+            let drives: Vec<PathBuf> = drives
+                .iter()
+                .map(|d| std::path::absolute(d).unwrap_or(d.clone()))
+                .collect();
+            let v = api.post(
+                "/api/v1/pools",
+                &json!({
+                    "name": name, "level": level.to_string(), "strip_bytes": strip, "group": group,
+                    "drives": drives, "create_size_bytes": create, "force": force,
+                }),
+            )?;
+            print_pool(&serde_json::from_value(v)?, json)
+        }
+        PoolCmd::Show { name, json } => print_pool(&api.get_as(&p(&name))?, json),
+        PoolCmd::List { json } => {
+            let v = api.get("/api/v1/pools")?;
+            let infos: Vec<PoolInfo> = serde_json::from_value(v["pools"].clone())?;
+            let st = api.get("/api/v1/status")?;
+            let mut rows: Vec<std::result::Result<PoolInfo, (String, String)>> =
+                infos.into_iter().map(Ok).collect();
+            if let Some(u) = st["unavailable_pools"].as_object() {
+                rows.extend(
+                    u.iter()
+                        .map(|(n, e)| Err((n.clone(), e.as_str().unwrap_or("").to_string()))),
+                );
+            }
+            print_list(&rows, json, "the server")
+        }
+        PoolCmd::Import {
+            drives,
+            json,
+            force,
+        } => {
+            let drives: Vec<PathBuf> = drives
+                .iter()
+                .map(|d| std::path::absolute(d).unwrap_or(d.clone()))
+                .collect();
+            let v = api.post(
+                "/api/v1/pools/import",
+                &json!({"drives": drives, "force": force}),
+            )?;
+            for n in v["notes"].as_array().into_iter().flatten() {
+                eprintln!("note: {}", n.as_str().unwrap_or(""));
+            }
+            let infos: Vec<PoolInfo> = serde_json::from_value(v["pools"].clone())?;
+            print_imported(&infos, json)
+        }
+        PoolCmd::Fail { name, drive } => {
+            let v = api.post(&format!("{}/fail", p(&name)), &json!({"path": abs(&drive)}))?;
+            println!("{}", v["message"].as_str().unwrap_or(""));
+            follow_rebuild(api, &name)
+        }
+        PoolCmd::Spare(SpareCmd::Add { name, drive, force }) => {
+            let v = api.post(
+                &format!("{}/spares", p(&name)),
+                &json!({"path": abs(&drive), "force": force}),
+            )?;
+            println!("{}", v["message"].as_str().unwrap_or(""));
+            follow_rebuild(api, &name)
+        }
+        PoolCmd::Replace {
+            name,
+            old,
+            new,
+            force,
+            rate,
+        } => {
+            let v = api.post(&format!("{}/replace", p(&name)), &json!({"old": abs(&old), "new": abs(&new), "force": force, "rate_bytes_per_sec": rate}))?;
+            println!("{}", v["message"].as_str().unwrap_or(""));
+            follow_rebuild(api, &name)
+        }
+        PoolCmd::Rebuild { name, rate } => {
+            let v = api.post(
+                &format!("{}/rebuild", p(&name)),
+                &json!({"rate_bytes_per_sec": rate}),
+            )?;
+            match v["job"].as_u64() {
+                Some(id) => {
+                    let j = api.follow_job(id, "rebuilding")?;
+                    let info: PoolInfo = api.get_as(&p(&name))?;
+                    println!(
+                        "{}; pool '{name}' is {}",
+                        j["message"].as_str().unwrap_or("rebuilt"),
+                        info.state
+                    );
+                }
+                None => println!("nothing to rebuild in pool '{name}'"),
+            }
+            Ok(())
+        }
+        PoolCmd::Scrub { name, repair, json } => {
+            let v = api.post(&format!("{}/scrub", p(&name)), &json!({"repair": repair}))?;
+            let id = v["job"]
+                .as_u64()
+                .ok_or_else(|| anyhow::anyhow!("the server started no scrub job"))?;
+            let j = api.follow_job(
+                id,
+                if repair {
+                    "scrubbing and repairing"
+                } else {
+                    "scrubbing"
+                },
+            )?;
+            let rep: millrace_array::engine::ScrubReport =
+                serde_json::from_value(j["result"].clone())?;
+            print_scrub(&name, &rep, repair, json)
+        }
+        PoolCmd::Destroy { name, yes } => {
+            if !yes {
+                bail!(
+                    "destroying pool '{name}' erases it for good; run again with --yes to confirm"
+                );
+            }
+            api.delete(&p(&name))?;
+            println!("pool '{name}' destroyed");
+            Ok(())
+        }
+    }
+}
+
+fn abs(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// After a failure or a new spare the server may have started a rebuild: follow it to its end.
+fn follow_rebuild(api: &Api, name: &str) -> Result<()> {
+    let jobs = api.get("/api/v1/jobs")?;
+    let running = jobs["jobs"].as_array().into_iter().flatten().find(|j| {
+        j["pool"].as_str() == Some(name)
+            && j["kind"].as_str() == Some("rebuild")
+            && j["state"].as_str() == Some("running")
+    });
+    if let Some(id) = running.and_then(|j| j["id"].as_u64()) {
+        if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+            let j = api.follow_job(id, "rebuilding")?;
+            println!("{}", j["message"].as_str().unwrap_or("rebuilt"));
+        } else {
+            println!("the server is rebuilding pool '{name}' (job {id}); `millrace pool show {name}` shows its progress");
+        }
+    }
+    Ok(())
+}
+
+pub fn run(home: &Path, api: Option<&Api>, cmd: PoolCmd) -> Result<()> {
+    if let Some(a) = api {
+        return run_api(a, cmd);
+    }
     match cmd {
         PoolCmd::Fail { name, drive } => {
             let pool = Cache::load(home)?.open(&name)?;
@@ -204,28 +375,7 @@ pub fn run(home: &Path, cmd: PoolCmd) -> Result<()> {
             })?;
             bar.finish_and_clear();
             pool.close()?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&rep)?);
-            } else {
-                let mut t = table(&[
-                    "rows checked",
-                    "mismatches",
-                    "located (raid6)",
-                    "repaired",
-                    "skipped (degraded)",
-                ]);
-                t.add_row(vec![
-                    rep.rows_checked.to_string(),
-                    rep.mismatches.to_string(),
-                    rep.located.to_string(),
-                    rep.repaired.to_string(),
-                    rep.skipped_degraded.to_string(),
-                ]);
-                println!("{t}");
-                if rep.mismatches > 0 && !repair {
-                    println!("run `millrace pool scrub {name} --repair` to fix them");
-                }
-            }
+            print_scrub(&name, &rep, repair, json)?;
             Ok(())
         }
         PoolCmd::Create {
@@ -305,20 +455,7 @@ pub fn run(home: &Path, cmd: PoolCmd) -> Result<()> {
                 infos.push(p.info());
             }
             cache.save(home)?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&infos)?);
-            } else {
-                for i in &infos {
-                    println!(
-                        "imported pool '{}' ({}, {}, {})",
-                        i.name,
-                        i.level,
-                        human(i.size_bytes),
-                        i.state
-                    );
-                }
-            }
-            Ok(())
+            print_imported(&infos, json)
         }
         PoolCmd::Destroy { name, yes } => {
             if !yes {
@@ -335,6 +472,54 @@ pub fn run(home: &Path, cmd: PoolCmd) -> Result<()> {
             Ok(())
         }
     }
+}
+
+fn print_imported(infos: &[PoolInfo], json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(infos)?);
+    } else {
+        for i in infos {
+            println!(
+                "imported pool '{}' ({}, {}, {})",
+                i.name,
+                i.level,
+                human(i.size_bytes),
+                i.state
+            );
+        }
+    }
+    Ok(())
+}
+
+fn print_scrub(
+    name: &str,
+    rep: &millrace_array::engine::ScrubReport,
+    repair: bool,
+    json: bool,
+) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(rep)?);
+    } else {
+        let mut t = table(&[
+            "rows checked",
+            "mismatches",
+            "located (raid6)",
+            "repaired",
+            "skipped (degraded)",
+        ]);
+        t.add_row(vec![
+            rep.rows_checked.to_string(),
+            rep.mismatches.to_string(),
+            rep.located.to_string(),
+            rep.repaired.to_string(),
+            rep.skipped_degraded.to_string(),
+        ]);
+        println!("{t}");
+        if rep.mismatches > 0 && !repair {
+            println!("run `millrace pool scrub {name} --repair` to fix them");
+        }
+    }
+    Ok(())
 }
 
 pub fn progress_bar(what: &str) -> indicatif::ProgressBar {
@@ -375,7 +560,7 @@ fn print_pool(i: &PoolInfo, json: bool) -> Result<()> {
             None => format!(
                 "{}{}",
                 i.state,
-                if i.clean {
+                if i.clean || SERVED.load(std::sync::atomic::Ordering::Relaxed) {
                     ""
                 } else {
                     " (in use or not shut down cleanly)"
@@ -410,6 +595,12 @@ fn list(home: &Path, json: bool) -> Result<()> {
             Err(e) => infos.push(Err((name.clone(), e.to_string()))),
         }
     }
+    print_list(&infos, json, &home.display().to_string())
+}
+
+type ListRow = std::result::Result<PoolInfo, (String, String)>;
+
+fn print_list(infos: &[ListRow], json: bool, where_: &str) -> Result<()> {
     if json {
         let v: Vec<serde_json::Value> = infos
             .iter()
@@ -422,14 +613,11 @@ fn list(home: &Path, json: bool) -> Result<()> {
         return Ok(());
     }
     if infos.is_empty() {
-        println!(
-            "no pools known in {} (create one with `millrace pool create`)",
-            home.display()
-        );
+        println!("no pools known to {where_} (create one with `millrace pool create`)");
         return Ok(());
     }
     let mut t = table(&["name", "level", "drives", "size", "state"]);
-    for r in &infos {
+    for r in infos {
         match r {
             Ok(i) => t.add_row(vec![
                 i.name.clone(),
@@ -451,6 +639,9 @@ fn list(home: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
-pub fn status(home: &Path, json: bool) -> Result<()> {
-    list(home, json).context("cannot read the pools' status")
+pub fn status(home: &Path, api: Option<&Api>, json: bool) -> Result<()> {
+    match api {
+        Some(a) => run_api(a, PoolCmd::List { json }),
+        None => list(home, json).context("cannot read the pools' status"),
+    }
 }

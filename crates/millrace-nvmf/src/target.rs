@@ -618,6 +618,35 @@ impl Target {
         Ok(())
     }
 
+    /// Re-reads a namespace's size from its device (after the volume grew) and tells connected
+    /// hosts with a namespace-changed event, so they rescan it.
+    pub fn resize_namespace(&self, nqn: &str, nsid: u32) -> Result<(), Error> {
+        let s = self
+            .inner
+            .subsystems
+            .read()
+            .get(nqn)
+            .cloned()
+            .ok_or_else(|| Error::NoSuchSubsystem(nqn.into()))?;
+        let old = s.ns(nsid).ok_or_else(|| Error::NoSuchNamespace {
+            nqn: nqn.into(),
+            nsid,
+        })?;
+        let n = Arc::new(Ns::new(Namespace {
+            nsid,
+            dev: old.dev.clone(),
+            uuid: old.uuid,
+            nguid: old.nguid,
+        })?);
+        s.namespaces.rcu(|cur| {
+            cur.iter()
+                .map(|m| if m.nsid == nsid { n.clone() } else { m.clone() })
+                .collect::<Vec<_>>()
+        });
+        s.namespaces_changed(nsid);
+        Ok(())
+    }
+
     pub fn remove_namespace(&self, nqn: &str, nsid: u32) -> Result<(), Error> {
         let s = self
             .inner

@@ -1,0 +1,186 @@
+//! The CLI as a client of a running server's HTTP API. While `millrace serve` runs it holds the
+//! pools' drives (each member is locked), so every command that touches a pool goes through the
+//! API; with no server, the commands open the pools themselves.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+/// A server the CLI talks to.
+pub struct Api {
+    base: String,
+    token: Option<String>,
+    agent: ureq::Agent,
+}
+
+/// How long one API call may take. Pool creation initialises parity in the request, so this is
+/// generous; long work (rebuild, scrub) runs as a job and is polled.
+const CALL_TIMEOUT: Duration = Duration::from_secs(3600);
+
+impl Api {
+    /// The server to use: `--api URL` (or MILLRACE_API) when given, else the one whose
+    /// server file is in MILLRACE_HOME and whose process is alive.
+    pub fn find(home: &Path, url: Option<&str>) -> Result<Option<Api>> {
+        let token = std::env::var("MILLRACE_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty());
+        if let Some(u) = url {
+            return Ok(Some(Api::new(u.trim_end_matches('/').to_string(), token)));
+        }
+        let f = millrace_server::server_file(home);
+        let Ok(text) = std::fs::read_to_string(&f) else {
+            return Ok(None);
+        };
+        let Ok(sf) = serde_json::from_str::<millrace_server::ServerFile>(&text) else {
+            return Ok(None);
+        };
+        // SAFETY: kill with signal 0 only asks whether the process exists.
+        if unsafe { libc::kill(sf.pid as i32, 0) } != 0 {
+            return Ok(None);
+        }
+        Ok(Some(Api::new(sf.url, token)))
+    }
+
+    fn new(base: String, token: Option<String>) -> Api {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(CALL_TIMEOUT))
+            .build()
+            .into();
+        Api { base, token, agent }
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    fn auth<B>(&self, r: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
+        match &self.token {
+            Some(t) => r.header("Authorization", &format!("Bearer {t}")),
+            None => r,
+        }
+    }
+
+    fn finish(
+        &self,
+        what: &str,
+        r: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> Result<Value> {
+        let mut resp = r.map_err(|e| {
+            anyhow!(
+                "cannot reach the millrace server at {} ({e}); is `millrace serve` running?",
+                self.base
+            )
+        })?;
+        let status = resp.status();
+        let body: Value = resp
+            .body_mut()
+            .with_config()
+            .limit(64 << 20)
+            .read_json()
+            .unwrap_or(Value::Null);
+        if status.is_success() {
+            return Ok(body);
+        }
+        match body.get("error").and_then(|e| e.as_str()) {
+            Some(msg) => bail!("{msg}"),
+            None => bail!("the server refused {what} (HTTP {status})"),
+        }
+    }
+
+    pub fn get(&self, path: &str) -> Result<Value> {
+        let r = self.auth(self.agent.get(self.url(path))).call();
+        self.finish(&format!("GET {path}"), r)
+    }
+
+    pub fn get_as<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        serde_json::from_value(self.get(path)?)
+            .with_context(|| format!("the server's answer to GET {path} is not what this CLI expects; are the CLI and the server the same version?"))
+    }
+
+    pub fn post(&self, path: &str, body: &Value) -> Result<Value> {
+        let r = self.auth(self.agent.post(self.url(path))).send_json(body);
+        self.finish(&format!("POST {path}"), r)
+    }
+
+    pub fn patch(&self, path: &str, body: &Value) -> Result<Value> {
+        let r = self.auth(self.agent.patch(self.url(path))).send_json(body);
+        self.finish(&format!("PATCH {path}"), r)
+    }
+
+    pub fn delete(&self, path: &str) -> Result<Value> {
+        let r = self.auth(self.agent.delete(self.url(path))).call();
+        self.finish(&format!("DELETE {path}"), r)
+    }
+
+    /// Raw bytes of a pool.
+    pub fn read_bytes(&self, pool: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let path = format!("/api/v1/pools/{pool}/data?offset={offset}&length={len}");
+        let r = self.auth(self.agent.get(self.url(&path))).call();
+        let mut resp =
+            r.map_err(|e| anyhow!("cannot reach the millrace server at {} ({e})", self.base))?;
+        if resp.status().is_success() {
+            return Ok(resp.body_mut().with_config().limit(len + 1).read_to_vec()?);
+        }
+        let v: Value = resp.body_mut().read_json().unwrap_or(Value::Null);
+        match v.get("error").and_then(|e| e.as_str()) {
+            Some(m) => bail!("{m}"),
+            None => bail!(
+                "the server refused to read pool {pool} (HTTP {})",
+                resp.status()
+            ),
+        }
+    }
+
+    pub fn write_bytes(&self, pool: &str, offset: u64, data: &[u8]) -> Result<()> {
+        let path = format!("/api/v1/pools/{pool}/data?offset={offset}");
+        let r = self
+            .auth(self.agent.put(self.url(&path)))
+            .header("Content-Type", "application/octet-stream")
+            .send(data);
+        self.finish(&format!("PUT {path}"), r).map(|_| ())
+    }
+
+    /// Follows a job to its end with a progress bar; returns its final view.
+    pub fn follow_job(&self, id: u64, what: &str) -> Result<Value> {
+        let bar = crate::pool_cmd::progress_bar(what);
+        loop {
+            let j = self.get(&format!("/api/v1/jobs/{id}"))?;
+            let done = j["done"].as_u64().unwrap_or(0);
+            let total = j["total"].as_u64().unwrap_or(0);
+            bar.set_length(total.max(1));
+            bar.set_position(done);
+            match j["state"].as_str() {
+                Some("running") => std::thread::sleep(Duration::from_millis(200)),
+                Some("failed") => {
+                    bar.finish_and_clear();
+                    bail!("{}", j["message"].as_str().unwrap_or("the job failed"));
+                }
+                _ => {
+                    bar.finish_and_clear();
+                    return Ok(j);
+                }
+            }
+        }
+    }
+}
+
+/// Percent-encodes a path segment (pool and volume names are plain, but the CLI never trusts that).
+pub fn seg(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

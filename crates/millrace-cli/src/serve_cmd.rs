@@ -1,0 +1,66 @@
+//! `millrace serve`: runs the data server in the foreground.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+#[derive(Args)]
+#[command(
+    after_help = "Examples:\n  millrace serve                                   # API on 127.0.0.1:8740, NVMe/TCP on 0.0.0.0:4420 (discovery 8009)\n  millrace serve --api 0.0.0.0:8740 --token-file /etc/millrace/token   # the API beyond this machine needs a token"
+)]
+pub struct ServeArgs {
+    /// Where the HTTP API, /metrics and the dashboard listen. Beyond loopback a token is required.
+    #[arg(long, default_value = "127.0.0.1:8740", env = "MILLRACE_API_LISTEN")]
+    api: SocketAddr,
+    /// The NVMe/TCP I/O port's address.
+    #[arg(long, default_value = "0.0.0.0:4420")]
+    nvme: SocketAddr,
+    /// The NVMe/TCP discovery port (on the NVMe/TCP address).
+    #[arg(long, default_value_t = 8009)]
+    discovery_port: u16,
+    /// Serve no NVMe/TCP at all.
+    #[arg(long)]
+    no_nvme: bool,
+    /// Also listen for NBD clients on this TCP address (only clients an export lists get in);
+    /// the Unix socket MILLRACE_HOME/nbd.sock is always there.
+    #[arg(long)]
+    nbd_listen: Option<SocketAddr>,
+    /// A file holding the API's bearer token (also MILLRACE_TOKEN). Required when --api is not loopback.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+}
+
+pub fn run(home: &Path, a: ServeArgs) -> Result<()> {
+    let token = match &a.token_file {
+        Some(f) => Some(
+            std::fs::read_to_string(f)
+                .with_context(|| format!("cannot read the token file {}", f.display()))?
+                .trim()
+                .to_string(),
+        ),
+        None => std::env::var("MILLRACE_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty()),
+    };
+    if token.as_deref() == Some("") {
+        anyhow::bail!(
+            "the token file is empty; put a long random string in it (e.g. `openssl rand -hex 32`)"
+        );
+    }
+    let cfg = millrace_server::ServeConfig {
+        home: home.to_path_buf(),
+        api: a.api,
+        nvme: (!a.no_nvme).then_some(a.nvme),
+        discovery_port: (!a.no_nvme && a.discovery_port != 0).then_some(a.discovery_port),
+        nbd_listen: a.nbd_listen,
+        token,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("millrace-serve")
+        .build()
+        .context("cannot start the server's runtime")?;
+    rt.block_on(millrace_server::run(cfg))
+}

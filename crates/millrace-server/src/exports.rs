@@ -1,0 +1,392 @@
+//! Exports of volumes: their settings live in the volume's props (so they travel with the pool
+//! and survive restarts); this module turns them into live NVMe/TCP subsystems and NBD exports.
+
+use std::sync::Arc;
+
+use millrace_block::BlockDevice;
+use millrace_volume::VolumeInfo;
+use serde::{Deserialize, Serialize};
+
+use crate::api::ApiError;
+use crate::state::{PoolEntry, State};
+
+pub const NVME_PROP: &str = "export.nvme";
+pub const NBD_PROP: &str = "export.nbd";
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct NvmeExportConfig {
+    /// The subsystem NQN hosts connect to.
+    pub nqn: String,
+    /// Host NQNs allowed to connect.
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    /// Any host may connect: explicit, never the default.
+    #[serde(default)]
+    pub allow_any_host: bool,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct NbdExportConfig {
+    /// The export name clients ask for.
+    pub name: String,
+    /// TCP clients (addresses or networks) allowed; the Unix sockets reach every export.
+    #[serde(default)]
+    pub clients: Vec<String>,
+    /// A TCP address of its own to listen on, besides the server's `--nbd-listen`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// A Unix socket of its own (as the kernel NBD client of a share uses), besides
+    /// MILLRACE_HOME/nbd.sock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<std::path::PathBuf>,
+}
+
+/// Any layer above has a hold on the volume (an export or a share).
+pub fn is_exported(v: &VolumeInfo) -> bool {
+    v.props
+        .keys()
+        .any(|k| k.starts_with("export.") || k.starts_with("share"))
+}
+
+pub fn describe(v: &VolumeInfo) -> String {
+    v.props
+        .keys()
+        .filter(|k| k.starts_with("export.") || k.starts_with("share"))
+        .map(|k| match k.as_str() {
+            NVME_PROP => "NVMe/TCP".to_string(),
+            NBD_PROP => "NBD".to_string(),
+            k => k.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub fn default_nqn(pool: &str, vol: &str) -> String {
+    format!("nqn.2026-11.dev.millrace:{pool}.{vol}")
+}
+
+/// NVMe's rules for a qualified name: "nqn." first, at most 223 bytes, printable ASCII.
+pub fn check_nqn(what: &str, n: &str) -> Result<(), ApiError> {
+    let ok = n.starts_with("nqn.") && n.len() <= 223 && n.bytes().all(|b| b.is_ascii_graphic());
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(format!(
+            "{what} '{n}' is not an NVMe qualified name: it must start with \"nqn.\", have no spaces and be at most 223 bytes (like nqn.2014-08.org.nvmexpress:uuid:...; `cat /etc/nvme/hostnqn` on the host shows its own)"
+        )))
+    }
+}
+
+fn uuid_bytes(v: &VolumeInfo) -> [u8; 16] {
+    *v.uuid.as_bytes()
+}
+
+impl State {
+    fn metered(
+        &self,
+        pool: &str,
+        e: &PoolEntry,
+        v: &VolumeInfo,
+    ) -> Result<Arc<dyn BlockDevice>, ApiError> {
+        let vol = e
+            .volumes
+            .open_volume(&v.name)
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        Ok(self.meters.wrap(pool, &v.name, vol))
+    }
+
+    pub(crate) fn start_nvme(
+        &self,
+        pool: &str,
+        e: &PoolEntry,
+        v: &VolumeInfo,
+        c: &NvmeExportConfig,
+    ) -> Result<(), ApiError> {
+        let dev = self.metered(pool, e, v)?;
+        let serial: String = v.uuid.simple().to_string()[..20].to_uppercase();
+        self.nvmf
+            .add_subsystem(millrace_nvmf::SubsystemConfig {
+                nqn: c.nqn.clone(),
+                serial,
+                model: "Millrace Volume".into(),
+                namespaces: vec![millrace_nvmf::Namespace {
+                    nsid: 1,
+                    dev,
+                    uuid: uuid_bytes(v),
+                    nguid: uuid_bytes(v),
+                }],
+                allowed_hosts: c.hosts.clone(),
+                allow_any_host: c.allow_any_host,
+            })
+            .map_err(|e| ApiError::conflict(e.to_string()))
+    }
+
+    pub(crate) fn start_nbd(
+        &self,
+        pool: &str,
+        e: &PoolEntry,
+        v: &VolumeInfo,
+        c: &NbdExportConfig,
+    ) -> Result<(), ApiError> {
+        let allowed = parse_clients(&c.clients)?;
+        if c.listen.is_some() && c.clients.is_empty() {
+            return Err(ApiError::bad_request(format!(
+                "exports are closed by default: an NBD export listening on TCP needs --client ADDR (an address or a network such as 10.0.0.0/24) for {pool}/{}",
+                v.name
+            )));
+        }
+        let mut tasks = Vec::new();
+        if let Some(addr) = c.listen {
+            let l = std::net::TcpListener::bind(addr)
+                .and_then(|l| l.set_nonblocking(true).map(|_| l))
+                .and_then(tokio::net::TcpListener::from_std)
+                .map_err(|e| ApiError::conflict(format!("cannot listen for NBD on {addr}: {e}")))?;
+            let s = self.nbd.clone();
+            tasks.push(tokio::spawn(async move { s.serve_tcp(l).await }));
+        }
+        if let Some(path) = &c.socket {
+            let _ = std::fs::remove_file(path);
+            if let Some(dir) = path.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            let l = std::os::unix::net::UnixListener::bind(path)
+                .and_then(|l| l.set_nonblocking(true).map(|_| l))
+                .and_then(tokio::net::UnixListener::from_std)
+                .map_err(|e| {
+                    for t in &tasks {
+                        t.abort();
+                    }
+                    ApiError::conflict(format!("cannot listen for NBD on {}: {e}", path.display()))
+                })?;
+            let s = self.nbd.clone();
+            tasks.push(tokio::spawn(async move { s.serve_unix(l).await }));
+        }
+        let dev = self.metered(pool, e, v)?;
+        let added = self
+            .nbd
+            .add_export(millrace_nbd::Export {
+                name: c.name.clone(),
+                description: format!("Millrace volume {pool}/{}", v.name),
+                dev,
+                read_only: false,
+                allowed,
+            })
+            .map_err(|e| ApiError::conflict(e.to_string()));
+        match added {
+            Ok(()) => {
+                self.nbd_listeners.lock().insert(c.name.clone(), tasks);
+                Ok(())
+            }
+            Err(e) => {
+                for t in tasks {
+                    t.abort();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn stop_nbd(&self, c: &NbdExportConfig) {
+        let _ = self.nbd.remove_export(&c.name);
+        for t in self
+            .nbd_listeners
+            .lock()
+            .remove(&c.name)
+            .unwrap_or_default()
+        {
+            t.abort();
+        }
+        if let Some(p) = &c.socket {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+
+    pub fn add_nvme_export(
+        &self,
+        pool: &str,
+        vol: &str,
+        nqn: Option<String>,
+        hosts: Vec<String>,
+        allow_any_host: bool,
+    ) -> Result<NvmeExportConfig, ApiError> {
+        let (e, v) = self.volume(pool, vol)?;
+        if v.props.contains_key(NVME_PROP) {
+            return Err(ApiError::conflict(format!(
+                "volume {pool}/{vol} is already exported over NVMe/TCP; remove that export first to change it"
+            )));
+        }
+        if hosts.is_empty() && !allow_any_host {
+            return Err(ApiError::bad_request(format!(
+                "exports are closed by default: name the hosts that may connect (--host NQN, the host's /etc/nvme/hostnqn), or say --allow-any-host to open {pool}/{vol} to every host"
+            )));
+        }
+        for h in &hosts {
+            check_nqn("the host NQN", h)?;
+        }
+        let nqn = nqn.unwrap_or_else(|| default_nqn(pool, vol));
+        check_nqn("the subsystem NQN", &nqn)?;
+        if self.nvmf.subsystems().iter().any(|s| s.nqn == nqn) {
+            return Err(ApiError::conflict(format!(
+                "the subsystem NQN {nqn} is already in use by another export; pick another with --nqn"
+            )));
+        }
+        let c = NvmeExportConfig {
+            nqn,
+            hosts,
+            allow_any_host,
+        };
+        if self.serving {
+            self.start_nvme(pool, &e, &v, &c)?;
+        }
+        // Recorded only once it serves, and withdrawn if it cannot be recorded: nothing half-applied.
+        if let Err(err) =
+            e.volumes
+                .set_prop(vol, NVME_PROP, Some(&serde_json::to_string(&c).unwrap()))
+        {
+            let _ = self.nvmf.remove_subsystem(&c.nqn);
+            return Err(ApiError::internal(err.to_string()));
+        }
+        Ok(c)
+    }
+
+    pub fn remove_nvme_export(&self, pool: &str, vol: &str) -> Result<(), ApiError> {
+        let (e, v) = self.volume(pool, vol)?;
+        let Some(c) = v.props.get(NVME_PROP) else {
+            return Err(ApiError::not_found(format!(
+                "volume {pool}/{vol} is not exported over NVMe/TCP"
+            )));
+        };
+        let c: Option<NvmeExportConfig> = serde_json::from_str(c).ok();
+        e.volumes
+            .set_prop(vol, NVME_PROP, None)
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        if let Some(c) = c {
+            let _ = self.nvmf.remove_subsystem(&c.nqn);
+        }
+        Ok(())
+    }
+
+    pub fn add_nbd_export(
+        &self,
+        pool: &str,
+        vol: &str,
+        name: Option<String>,
+        clients: Vec<String>,
+        listen: Option<std::net::SocketAddr>,
+        socket: Option<std::path::PathBuf>,
+    ) -> Result<NbdExportConfig, ApiError> {
+        let (e, v) = self.volume(pool, vol)?;
+        if v.props.contains_key(NBD_PROP) {
+            return Err(ApiError::conflict(format!(
+                "volume {pool}/{vol} is already exported over NBD; remove that export first to change it"
+            )));
+        }
+        let c = NbdExportConfig {
+            name: name.unwrap_or_else(|| format!("{pool}/{vol}")),
+            clients,
+            listen,
+            socket,
+        };
+        if self.nbd.exports().iter().any(|x| x.name == c.name) {
+            return Err(ApiError::conflict(format!(
+                "the NBD export name {} is already in use; pick another with --name",
+                c.name
+            )));
+        }
+        parse_clients(&c.clients)?;
+        if c.listen.is_some() && c.clients.is_empty() {
+            return Err(ApiError::bad_request(format!(
+                "exports are closed by default: an NBD export listening on TCP needs --client ADDR (an address or a network such as 10.0.0.0/24) for {pool}/{vol}"
+            )));
+        }
+        if self.serving {
+            self.start_nbd(pool, &e, &v, &c)?;
+        }
+        if let Err(err) =
+            e.volumes
+                .set_prop(vol, NBD_PROP, Some(&serde_json::to_string(&c).unwrap()))
+        {
+            self.stop_nbd(&c);
+            return Err(ApiError::internal(err.to_string()));
+        }
+        Ok(c)
+    }
+
+    pub fn remove_nbd_export(&self, pool: &str, vol: &str) -> Result<(), ApiError> {
+        let (e, v) = self.volume(pool, vol)?;
+        let Some(c) = v.props.get(NBD_PROP) else {
+            return Err(ApiError::not_found(format!(
+                "volume {pool}/{vol} is not exported over NBD"
+            )));
+        };
+        let c: Option<NbdExportConfig> = serde_json::from_str(c).ok();
+        e.volumes
+            .set_prop(vol, NBD_PROP, None)
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        if let Some(c) = c {
+            self.stop_nbd(&c);
+        }
+        Ok(())
+    }
+
+    /// Every export with who is connected, for the API and the dashboard.
+    pub fn exports_view(&self) -> serde_json::Value {
+        let subs = self.nvmf.subsystems();
+        let mut nvme = Vec::new();
+        let mut nbd = Vec::new();
+        for e in self.entries() {
+            let pool = e.pool.name();
+            for v in e.volumes.list() {
+                if let Some(c) = v
+                    .props
+                    .get(NVME_PROP)
+                    .and_then(|c| serde_json::from_str::<NvmeExportConfig>(c).ok())
+                {
+                    let live = subs.iter().find(|s| s.nqn == c.nqn);
+                    let connections: Vec<_> = live
+                        .map(|s| {
+                            s.hosts
+                                .iter()
+                                .map(|h| serde_json::json!({"host": h.hostnqn, "peer": h.peer.to_string(), "io_queues": h.io_queues}))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    nvme.push(serde_json::json!({
+                        "pool": pool, "volume": v.name, "nqn": c.nqn, "hosts": c.hosts,
+                        "allow_any_host": c.allow_any_host, "serving": live.is_some(),
+                        "connections": connections,
+                    }));
+                }
+                if let Some(c) = v
+                    .props
+                    .get(NBD_PROP)
+                    .and_then(|c| serde_json::from_str::<NbdExportConfig>(c).ok())
+                {
+                    let stats = self.nbd.export_stats(&c.name);
+                    nbd.push(serde_json::json!({
+                        "pool": pool, "volume": v.name, "name": c.name, "clients": c.clients,
+                        "listen": c.listen.map(|a| a.to_string()), "socket": c.socket,
+                        "serving": stats.is_some(),
+                        "connections": stats.map(|s| s.connections_open).unwrap_or(0),
+                    }));
+                }
+            }
+        }
+        serde_json::json!({"nvme": nvme, "nbd": nbd})
+    }
+}
+
+fn parse_clients(clients: &[String]) -> Result<Vec<millrace_nbd::IpNet>, ApiError> {
+    clients
+        .iter()
+        .map(|c| {
+            c.parse::<millrace_nbd::IpNet>()
+                .or_else(|_| c.parse::<std::net::IpAddr>().map(millrace_nbd::IpNet::from))
+                .map_err(|_| {
+                    ApiError::bad_request(format!(
+                        "'{c}' is not an address or network; write it like 10.0.0.5 or 10.0.0.0/24"
+                    ))
+                })
+        })
+        .collect()
+}

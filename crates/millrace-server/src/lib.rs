@@ -1,0 +1,166 @@
+//! `millrace serve`: the data server. It assembles the pools the cache knows, opens their
+//! volumes, serves the exports recorded in the volumes' props (NVMe/TCP and NBD), and answers
+//! the HTTP API, /metrics and the dashboard. Exports stay ignorant of parity: they see volumes
+//! as block devices; this crate is where the layers meet.
+
+mod api;
+mod exports;
+mod jobs;
+mod metered;
+mod metrics;
+mod openapi;
+mod state;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+pub use api::ApiError;
+pub use exports::{NbdExportConfig, NvmeExportConfig};
+pub use state::State;
+
+/// Where the server listens and what it guards.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    pub home: PathBuf,
+    pub api: SocketAddr,
+    /// The NVMe/TCP I/O port; `None` serves no NVMe/TCP.
+    pub nvme: Option<SocketAddr>,
+    pub discovery_port: Option<u16>,
+    /// A TCP listener for NBD clients; the Unix socket under `home` is always there.
+    pub nbd_listen: Option<SocketAddr>,
+    /// The bearer token the API demands (required when `api` is not a loopback address).
+    pub token: Option<String>,
+}
+
+/// What `millrace serve` leaves in MILLRACE_HOME while it runs, so the CLI finds it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ServerFile {
+    pub url: String,
+    pub pid: u32,
+    pub nbd_socket: PathBuf,
+}
+
+pub fn server_file(home: &std::path::Path) -> PathBuf {
+    home.join("server.json")
+}
+
+pub fn nbd_socket(home: &std::path::Path) -> PathBuf {
+    home.join("nbd.sock")
+}
+
+/// Runs the server until SIGINT or SIGTERM.
+pub async fn run(cfg: ServeConfig) -> Result<()> {
+    if !cfg.api.ip().is_loopback() && cfg.token.is_none() {
+        bail!(
+            "the API would listen on {}, beyond this machine, without a token; give one with --token-file FILE (or MILLRACE_TOKEN), or listen on 127.0.0.1",
+            cfg.api
+        );
+    }
+    std::fs::create_dir_all(&cfg.home)
+        .with_context(|| format!("cannot create {}", cfg.home.display()))?;
+    let sf = server_file(&cfg.home);
+    if let Ok(text) = std::fs::read_to_string(&sf) {
+        if let Ok(old) = serde_json::from_str::<ServerFile>(&text) {
+            // SAFETY: kill with signal 0 only asks whether the process exists.
+            if old.pid != std::process::id() && unsafe { libc::kill(old.pid as i32, 0) } == 0 {
+                bail!(
+                    "another millrace server (pid {}) already serves {} at {}; stop it first",
+                    old.pid,
+                    cfg.home.display(),
+                    old.url
+                );
+            }
+        }
+    }
+    let state = Arc::new(
+        tokio::task::spawn_blocking({
+            let home = cfg.home.clone();
+            move || State::open(&home)
+        })
+        .await??,
+    );
+    let api = tokio::net::TcpListener::bind(cfg.api)
+        .await
+        .with_context(|| format!("cannot listen for the API on {}", cfg.api))?;
+    let api_addr = api.local_addr()?;
+    if let Some(addr) = cfg.nvme {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen for NVMe/TCP on {addr}"))?;
+        let t = state.nvmf.clone();
+        tokio::spawn(async move { t.serve(l).await });
+        if let Some(p) = cfg.discovery_port {
+            let d = SocketAddr::new(addr.ip(), p);
+            let l = tokio::net::TcpListener::bind(d)
+                .await
+                .with_context(|| format!("cannot listen for NVMe discovery on {d}"))?;
+            let t = state.nvmf.clone();
+            tokio::spawn(async move { t.serve_discovery(l).await });
+        }
+    }
+    if let Some(addr) = cfg.nbd_listen {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen for NBD on {addr}"))?;
+        let s = state.nbd.clone();
+        tokio::spawn(async move { s.serve_tcp(l).await });
+    }
+    let sock = nbd_socket(&cfg.home);
+    let _ = std::fs::remove_file(&sock);
+    let ul = tokio::net::UnixListener::bind(&sock)
+        .with_context(|| format!("cannot listen for NBD on {}", sock.display()))?;
+    {
+        let s = state.nbd.clone();
+        tokio::spawn(async move { s.serve_unix(ul).await });
+    }
+    state.start_pending_rebuilds();
+    let file = ServerFile {
+        url: format!("http://{api_addr}"),
+        pid: std::process::id(),
+        nbd_socket: sock.clone(),
+    };
+    std::fs::write(&sf, serde_json::to_vec_pretty(&file)?)
+        .with_context(|| format!("cannot write {}", sf.display()))?;
+    tracing::info!(api = %api_addr, "millrace serve is up");
+    eprintln!(
+        "millrace serve: API on http://{api_addr}{}, NVMe/TCP on {}, NBD on {}{}",
+        if cfg.token.is_some() {
+            " (token required)"
+        } else {
+            ""
+        },
+        cfg.nvme
+            .map(|a| format!(
+                "{a} (discovery {})",
+                cfg.discovery_port
+                    .map(|p| p.to_string())
+                    .unwrap_or("off".into())
+            ))
+            .unwrap_or("off".into()),
+        sock.display(),
+        cfg.nbd_listen
+            .map(|a| format!(" and {a}"))
+            .unwrap_or_default()
+    );
+    let app = api::router(state.clone(), cfg.token.clone());
+    let shutdown = async {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        }
+    };
+    let served = axum::serve(api, app).with_graceful_shutdown(shutdown).await;
+    eprintln!("millrace serve: stopping");
+    state.nvmf.shutdown();
+    state.nbd.shutdown();
+    let _ = std::fs::remove_file(&sf);
+    let _ = std::fs::remove_file(&sock);
+    tokio::task::spawn_blocking(move || state.close()).await??;
+    served.context("the API server failed")
+}

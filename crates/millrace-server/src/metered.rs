@@ -1,0 +1,127 @@
+//! Latency and byte counts of every request the exports make of a volume, for /metrics.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Instant;
+
+use millrace_block::BlockDevice;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabels {
+    pub pool: String,
+    pub volume: String,
+    pub op: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VolLabels {
+    pub pool: String,
+    pub volume: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 10 us to about 80 ms: NVMe-class latencies up to a drive having a bad day.
+    Histogram::new(exponential_buckets(10e-6, 2.0, 14))
+}
+
+#[derive(Clone)]
+pub struct Meters {
+    pub latency: Family<OpLabels, Histogram, fn() -> Histogram>,
+    pub bytes: Family<OpLabels, Counter>,
+    pub inflight: Family<VolLabels, Gauge>,
+}
+
+impl Default for Meters {
+    fn default() -> Self {
+        Meters {
+            latency: Family::new_with_constructor(latency_histogram),
+            bytes: Family::default(),
+            inflight: Family::default(),
+        }
+    }
+}
+
+impl Meters {
+    pub fn wrap(
+        &self,
+        pool: &str,
+        volume: &str,
+        dev: Arc<dyn BlockDevice>,
+    ) -> Arc<dyn BlockDevice> {
+        Arc::new(Metered {
+            dev,
+            meters: self.clone(),
+            pool: pool.into(),
+            volume: volume.into(),
+        })
+    }
+}
+
+struct Metered {
+    dev: Arc<dyn BlockDevice>,
+    meters: Meters,
+    pool: String,
+    volume: String,
+}
+
+impl Metered {
+    fn time<T>(&self, op: &str, bytes: u64, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+        let vl = VolLabels {
+            pool: self.pool.clone(),
+            volume: self.volume.clone(),
+        };
+        let g = self.meters.inflight.get_or_create(&vl).clone();
+        g.inc();
+        let t0 = Instant::now();
+        let r = f();
+        g.dec();
+        let l = OpLabels {
+            pool: self.pool.clone(),
+            volume: self.volume.clone(),
+            op: op.into(),
+        };
+        self.meters
+            .latency
+            .get_or_create(&l)
+            .observe(t0.elapsed().as_secs_f64());
+        if r.is_ok() && bytes > 0 {
+            self.meters.bytes.get_or_create(&l).inc_by(bytes);
+        }
+        r
+    }
+}
+
+impl BlockDevice for Metered {
+    fn size_bytes(&self) -> u64 {
+        self.dev.size_bytes()
+    }
+    fn preferred_io_bytes(&self) -> u64 {
+        self.dev.preferred_io_bytes()
+    }
+    fn block_bytes(&self) -> u32 {
+        self.dev.block_bytes()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let n = buf.len() as u64;
+        self.time("read", n, || self.dev.read_at(offset, buf))
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.time("write", data.len() as u64, || {
+            self.dev.write_at(offset, data)
+        })
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.time("flush", 0, || self.dev.flush())
+    }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.time("discard", 0, || self.dev.discard(offset, len))
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.time("write_zeroes", 0, || self.dev.write_zeroes(offset, len))
+    }
+}

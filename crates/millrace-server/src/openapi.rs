@@ -1,0 +1,116 @@
+//! The API's OpenAPI 3.0 description, served at /api/v1/openapi.json. Written out here rather
+//! than derived, because the handlers return shapes composed from several crates' types; the
+//! API tests check that every documented call answers as described.
+
+use serde_json::{json, Value};
+
+fn err() -> Value {
+    json!({"description": "Refused; the body says why", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})
+}
+
+fn ok(desc: &str, schema: Value) -> Value {
+    json!({"description": desc, "content": {"application/json": {"schema": schema}}})
+}
+
+fn r(name: &str) -> Value {
+    json!({"$ref": format!("#/components/schemas/{name}")})
+}
+
+fn body(schema: Value) -> Value {
+    json!({"required": true, "content": {"application/json": {"schema": schema}}})
+}
+
+fn param(name: &str) -> Value {
+    json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}})
+}
+
+fn op(summary: &str, params: &[&str], req: Option<Value>, code: &str, resp: Value) -> Value {
+    let mut o = json!({
+        "summary": summary,
+        "parameters": params.iter().map(|p| param(p)).collect::<Vec<_>>(),
+        "responses": {code: resp, "400": err(), "401": err(), "404": err(), "409": err()},
+    });
+    if let Some(b) = req {
+        o["requestBody"] = body(b);
+    }
+    o
+}
+
+fn obj(props: Value, required: &[&str]) -> Value {
+    json!({"type": "object", "properties": props, "required": required})
+}
+
+pub fn document() -> Value {
+    let int = json!({"type": "integer", "minimum": 0});
+    let string = json!({"type": "string"});
+    let strings = json!({"type": "array", "items": {"type": "string"}});
+    let job = obj(json!({"job": int}), &["job"]);
+    json!({
+        "openapi": "3.0.3",
+        "info": {
+            "title": "Millrace API",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "Pools, members, volumes, exports, rebuilds and scrubs of a Millrace data server. Listening beyond loopback, every call needs 'Authorization: Bearer TOKEN'."
+        },
+        "paths": {
+            "/api/v1/status": {"get": op("The server at a glance", &[], None, "200", ok("Counts", r("Status")))},
+            "/api/v1/pools": {
+                "get": op("Every pool served", &[], None, "200", ok("Pools", obj(json!({"pools": {"type": "array", "items": r("Pool")}}), &["pools"]))),
+                "post": op("Create a pool", &[], Some(r("CreatePool")), "201", ok("The new pool", r("Pool"))),
+            },
+            "/api/v1/pools/{pool}": {
+                "get": op("One pool: geometry, state, members, volumes, counters", &["pool"], None, "200", ok("The pool", r("Pool"))),
+                "delete": op("Destroy a pool (refused while it exports volumes)", &["pool"], None, "200", ok("Done", obj(json!({"destroyed": string}), &["destroyed"]))),
+            },
+            "/api/v1/pools/{pool}/fail": {"post": op("Take a member out of service", &["pool"], Some(r("PathRequest")), "200", ok("Done", r("Message")))},
+            "/api/v1/pools/{pool}/spares": {"post": op("Add a hot spare", &["pool"], Some(r("PathRequest")), "200", ok("Done", r("Message")))},
+            "/api/v1/pools/{pool}/replace": {"post": op("Replace a member and rebuild onto the new drive", &["pool"], Some(obj(json!({"old": string, "new": string, "force": {"type": "boolean"}, "rate_bytes_per_sec": {"type": "integer", "minimum": 0, "nullable": true}}), &["old", "new"])), "200", ok("Started", obj(json!({"message": string, "job": {"type": "integer", "nullable": true}}), &["message"])))},
+            "/api/v1/pools/{pool}/scrub": {"post": op("Start a scrub", &["pool"], Some(obj(json!({"repair": {"type": "boolean"}}), &[])), "202", ok("Started", job.clone()))},
+            "/api/v1/pools/{pool}/rebuild": {"post": op("Start or follow the rebuild of members waiting for one", &["pool"], Some(obj(json!({"rate_bytes_per_sec": {"type": "integer", "minimum": 0, "nullable": true}}), &[])), "200", ok("The job, or null when nothing waits", obj(json!({"job": {"type": "integer", "nullable": true}}), &["job"])))},
+            "/api/v1/pools/{pool}/volumes": {
+                "get": op("A pool's volumes", &["pool"], None, "200", ok("Volumes", obj(json!({"volumes": {"type": "array", "items": r("Volume")}}), &["volumes"]))),
+                "post": op("Create a volume (size rounded up to the full stripe)", &["pool"], Some(obj(json!({"name": string, "size_bytes": int, "force": {"type": "boolean"}}), &["name", "size_bytes"])), "201", ok("The volume", r("Volume"))),
+            },
+            "/api/v1/pools/{pool}/volumes/{vol}": {
+                "get": op("One volume", &["pool", "vol"], None, "200", ok("The volume", r("Volume"))),
+                "patch": op("Grow a volume in place", &["pool", "vol"], Some(obj(json!({"size_bytes": int}), &["size_bytes"])), "200", ok("The volume", r("Volume"))),
+                "delete": op("Delete a volume (refused while exported)", &["pool", "vol"], None, "200", ok("Done", obj(json!({"deleted": string}), &["deleted"]))),
+            },
+            "/api/v1/jobs": {"get": op("Rebuilds and scrubs, running and finished", &[], None, "200", ok("Jobs", obj(json!({"jobs": {"type": "array", "items": r("Job")}}), &["jobs"])))},
+            "/api/v1/jobs/{id}": {"get": op("One job", &["id"], None, "200", ok("The job", r("Job")))},
+            "/api/v1/exports": {"get": op("Every export and who is connected", &[], None, "200", ok("Exports", r("Exports")))},
+            "/api/v1/exports/nvme": {"post": op("Export a volume over NVMe/TCP (closed unless hosts are named or allow_any_host)", &[], Some(obj(json!({"pool": string, "volume": string, "nqn": {"type": "string", "nullable": true}, "hosts": strings, "allow_any_host": {"type": "boolean"}}), &["pool", "volume"])), "201", ok("The export", obj(json!({"nqn": string, "hosts": strings, "allow_any_host": {"type": "boolean"}}), &["nqn", "hosts", "allow_any_host"])))},
+            "/api/v1/exports/nvme/{pool}/{vol}": {"delete": op("Stop exporting a volume over NVMe/TCP", &["pool", "vol"], None, "200", ok("Done", obj(json!({"removed": string}), &["removed"])))},
+            "/api/v1/exports/nbd": {"post": op("Export a volume over NBD (Unix socket; TCP only for listed clients)", &[], Some(obj(json!({"pool": string, "volume": string, "name": {"type": "string", "nullable": true}, "clients": strings}), &["pool", "volume"])), "201", ok("The export", obj(json!({"name": string, "clients": strings}), &["name", "clients"])))},
+            "/api/v1/exports/nbd/{pool}/{vol}": {"delete": op("Stop exporting a volume over NBD", &["pool", "vol"], None, "200", ok("Done", obj(json!({"removed": string}), &["removed"])))},
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Error": obj(json!({"error": string}), &["error"]),
+                "Message": obj(json!({"message": string}), &["message"]),
+                "PathRequest": obj(json!({"path": string, "force": {"type": "boolean"}}), &["path"]),
+                "Status": obj(json!({"version": string, "uptime_s": int, "pools": int, "volumes": int, "exports": int, "unavailable_pools": {"type": "object", "additionalProperties": {"type": "string"}}}), &["version", "uptime_s", "pools", "volumes", "exports"]),
+                "CreatePool": obj(json!({"name": string, "level": {"type": "string", "enum": ["raid0", "raid1", "raid10", "raid5", "raid6", "raid50", "raid60"]}, "strip_bytes": {"type": "integer", "nullable": true}, "group": {"type": "integer", "nullable": true}, "drives": strings, "create_size_bytes": {"type": "integer", "nullable": true}, "force": {"type": "boolean"}}), &["name", "level", "drives"]),
+                "Member": obj(json!({"index": int, "path": {"type": "string", "nullable": true}, "uuid": string, "state": {"type": "string", "enum": ["online", "faulty", "spare", "rebuilding", "missing"]}, "data_offset_bytes": int, "group": int}), &["index", "state", "group"]),
+                "Volume": obj(json!({"name": string, "uuid": string, "offset_bytes": int, "size_bytes": int, "created_unix": int, "props": {"type": "object", "additionalProperties": {"type": "string"}}}), &["name", "uuid", "offset_bytes", "size_bytes"]),
+                "Pool": obj(json!({
+                    "name": string, "uuid": string, "level": string, "strip_bytes": int, "group_size": int, "groups": int,
+                    "data_drives_per_group": int, "size_bytes": int, "full_stripe_bytes": int,
+                    "state": {"type": "string", "description": "online, degraded, rebuilding NN%, or offline"},
+                    "clean": {"type": "boolean"}, "events": int, "data_offset_bytes": int, "member_data_bytes": int,
+                    "members": {"type": "array", "items": r("Member")}, "spares": strings,
+                    "rebuild": {"type": "object", "nullable": true, "properties": {"rows_done": int, "rows_total": int, "percent": {"type": "number"}}},
+                    "volumes": {"type": "array", "items": r("Volume")},
+                    "stats": obj(json!({"read_bytes": int, "write_bytes": int, "read_ops": int, "write_ops": int}), &["read_bytes", "write_bytes", "read_ops", "write_ops"]),
+                }), &["name", "level", "state", "size_bytes", "members", "volumes", "stats"]),
+                "Job": obj(json!({"id": int, "kind": {"type": "string", "enum": ["rebuild", "scrub"]}, "pool": string, "state": {"type": "string", "enum": ["running", "done", "failed"]}, "done": int, "total": int, "percent": {"type": "number"}, "message": string, "result": {"type": "object", "nullable": true}}), &["id", "kind", "pool", "state", "percent"]),
+                "Exports": obj(json!({
+                    "nvme": {"type": "array", "items": obj(json!({"pool": string, "volume": string, "nqn": string, "hosts": strings, "allow_any_host": {"type": "boolean"}, "serving": {"type": "boolean"}, "connections": {"type": "array", "items": obj(json!({"host": string, "peer": string, "io_queues": int}), &["host", "peer"])}}), &["pool", "volume", "nqn", "connections"])},
+                    "nbd": {"type": "array", "items": obj(json!({"pool": string, "volume": string, "name": string, "clients": strings, "serving": {"type": "boolean"}, "connections": int}), &["pool", "volume", "name", "connections"])},
+                }), &["nvme", "nbd"]),
+            }
+        },
+        "security": [{"bearer": []}],
+    })
+}
