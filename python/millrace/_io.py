@@ -10,8 +10,10 @@ and network filesystems).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
+import mmap
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -36,8 +38,21 @@ def round_down(n: int, a: int = ALIGN) -> int:
     return n // a * a
 
 
+HUGE_MIN = 4 << 20
+
+
 def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
-    """A uint8 array of ``nbytes`` whose first byte sits on an ``align`` boundary."""
+    """A uint8 array of ``nbytes`` whose first byte sits on an ``align`` boundary.
+
+    Large buffers are anonymous mappings with transparent huge pages requested: the kernel
+    faults them in 2 MiB at a time during the first (O_DIRECT) read instead of 4 KiB at a time,
+    which is a large share of the cost of reading into fresh memory.
+    """
+    if nbytes >= HUGE_MIN and align <= mmap.PAGESIZE:
+        mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        with contextlib.suppress(AttributeError, OSError):
+            mm.madvise(mmap.MADV_HUGEPAGE)
+        return np.frombuffer(mm, dtype=np.uint8)
     raw = np.empty(nbytes + align, dtype=np.uint8)
     shift = (-raw.ctypes.data) % align
     return raw[shift : shift + nbytes]

@@ -1,0 +1,602 @@
+"""gdsio-like benchmark: ``python -m millrace.bench FILE --sizes 4K,1M --threads 1,4 ...``.
+
+Modes (as gdsio's -x): ``cpu`` reads into aligned host memory (O_DIRECT), ``cpu-gpu`` reads
+into a pinned buffer and copies it to GPU memory (bounce), ``gds`` reads with cuFile straight
+into GPU memory. Each thread reads its own contiguous region of the file, sequentially (or at
+random with --pattern rand), one transfer at a time; latency is per transfer, including the
+host-to-device copy in cpu-gpu mode. With fio installed each cpu cell is also run by fio with
+the same file, block size, job count and pattern, in the same run, and the ratio is reported.
+
+--whole adds whole-file reads (millrace.read to cpu and cuda, the naive
+torch.from_numpy(np.fromfile(f)).cuda(), the pinned host-to-device rate, fio on the file) and
+--checkpoint-gb N adds a save/load of an N GB state dict against fio writing and reading as
+much on the same filesystem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from typing import Optional
+
+import numpy as np
+
+from . import _gpu, _io
+from .checkpoint import load_checkpoint, save_checkpoint
+from .core import read
+
+COLUMNS = [
+    "mode",
+    "size_bytes",
+    "threads",
+    "gbps",
+    "lat_p50_us",
+    "lat_p99_us",
+    "lat_p999_us",
+    "iops",
+    "cpu_pct",
+    "bytes",
+    "seconds",
+    "baseline",
+    "baseline_gbps",
+    "ratio",
+]
+
+
+def parse_size(s: str) -> int:
+    s = s.strip().upper().rstrip("B").rstrip("I")
+    mult = 1
+    for suffix, m in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30), ("T", 1 << 40)):
+        if s.endswith(suffix):
+            s, mult = s[:-1], m
+            break
+    try:
+        return int(float(s) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a size like 4K, 1M or 2G") from None
+
+
+def _cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def drop_cache(path: str) -> None:
+    """Evict the file's clean pages from the page cache (no root needed)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def run_cell(mode: str, path: str, size: int, threads: int, seconds: float, pattern: str) -> dict:
+    """One gdsio-style measurement: ``threads`` threads, transfers of ``size`` bytes."""
+    torch = _gpu.torch_module()
+    f = _io.InputFile(path)
+    try:
+        region = _io.round_down(f.size // threads, max(size, _io.ALIGN))
+        if region < size:
+            raise SystemExit(
+                f"{path} ({f.size} bytes) is too small for {threads} threads of {size}-byte "
+                "transfers; use a bigger file (--create) or fewer threads."
+            )
+        fd = f.fd_direct if f.direct else f.fd_buffered
+        cf = None
+        handle = None
+        if mode == "gds":
+            cf = _gpu.use_gds(True)
+            handle = cf.register(fd)
+        barrier = threading.Barrier(threads + 1)
+        lats = [None] * threads
+        counts = [0] * threads
+        stop_at = [0.0]
+        errors: list = []
+
+        def worker(t: int) -> None:
+            try:
+                lat = np.empty(1 << 16, dtype=np.int64)
+                n = 0
+                base = t * region
+                nblocks = region // size
+                rng = np.random.default_rng(t)
+                offs = (
+                    rng.integers(0, nblocks, size=1 << 16) * size
+                    if pattern == "rand"
+                    else (np.arange(1 << 16) % nblocks) * size
+                ).tolist()
+                if mode == "cpu":
+                    buf = _io.aligned_empty(size)
+                elif mode == "cpu-gpu":
+                    pin = _gpu.Pinned(size)
+                    buf = pin.np
+                    dev = torch.empty(size, dtype=torch.uint8, device="cuda")
+                    stream = torch.cuda.Stream()
+                    torch.cuda.set_stream(stream)
+                else:
+                    dev = torch.empty(size, dtype=torch.uint8, device="cuda")
+                    ptr = dev.data_ptr()
+                torch_sync = torch.cuda.synchronize if torch is not None else None
+                if torch_sync is not None and mode != "cpu":
+                    torch_sync()
+                preadv = os.preadv
+                clock = time.perf_counter_ns
+                barrier.wait()
+                end_ns = int(stop_at[0] * 1e9)
+                k = 0
+                while True:
+                    off = base + offs[k & 0xFFFF]
+                    t0 = clock()
+                    if mode == "cpu":
+                        got = preadv(fd, [buf], off)
+                    elif mode == "cpu-gpu":
+                        got = preadv(fd, [buf], off)
+                        dev.copy_(pin.t, non_blocking=True)
+                        stream.synchronize()
+                    else:
+                        got = cf.read(handle, ptr, size, off, 0)
+                    t1 = clock()
+                    if got != size:
+                        raise OSError(f"short read of {got} bytes at {off}")
+                    if n == lat.shape[0]:
+                        lat = np.concatenate([lat, np.empty_like(lat)])
+                    lat[n] = t1 - t0
+                    n += 1
+                    k += 1
+                    if t1 >= end_ns:
+                        break
+                lats[t] = lat[:n]
+                counts[t] = n
+            except BaseException as e:
+                errors.append(e)
+                barrier.abort()
+
+        ths = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+        for th in ths:
+            th.start()
+        try:
+            stop_at[0] = time.perf_counter() + 0.05 + seconds
+            barrier.wait()
+        except threading.BrokenBarrierError:
+            pass
+        c0, w0 = _cpu_seconds(), time.perf_counter()
+        for th in ths:
+            th.join()
+        wall = time.perf_counter() - w0
+        cpu = _cpu_seconds() - c0
+        if errors:
+            raise errors[0]
+        if handle is not None:
+            cf.deregister(handle)
+    finally:
+        f.close()
+    all_lat = np.concatenate(lats) / 1000.0
+    total = sum(counts) * size
+    return {
+        "mode": mode,
+        "size_bytes": size,
+        "threads": threads,
+        "gbps": total / wall / 1e9,
+        "lat_p50_us": float(np.percentile(all_lat, 50)),
+        "lat_p99_us": float(np.percentile(all_lat, 99)),
+        "lat_p999_us": float(np.percentile(all_lat, 99.9)),
+        "iops": sum(counts) / wall,
+        "cpu_pct": 100.0 * cpu / wall,
+        "bytes": total,
+        "seconds": wall,
+    }
+
+
+def fio_cell(path: str, size: int, threads: int, seconds: float, pattern: str) -> Optional[dict]:
+    fio = shutil.which("fio")
+    if fio is None:
+        return None
+    fsize = os.path.getsize(path)
+    region = _io.round_down(fsize // threads, max(size, _io.ALIGN))
+    cmd = [
+        fio,
+        "--name=millrace-bench",
+        f"--filename={path}",
+        "--readonly",
+        f"--rw={'randread' if pattern == 'rand' else 'read'}",
+        f"--bs={size}",
+        f"--numjobs={threads}",
+        f"--size={region}",
+        f"--offset_increment={region}",
+        "--direct=1",
+        "--ioengine=psync",
+        "--time_based",
+        f"--runtime={max(1, round(seconds))}",
+        "--group_reporting",
+        "--output-format=json",
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        print(f"fio failed: {out.stderr.strip()}", file=sys.stderr)
+        return None
+    job = json.loads(out.stdout[out.stdout.index("{") :])["jobs"][0]["read"]
+    pct = job.get("clat_ns", {}).get("percentile", {})
+    return {
+        "mode": "fio",
+        "size_bytes": size,
+        "threads": threads,
+        "gbps": job["bw_bytes"] / 1e9,
+        "lat_p50_us": pct.get("50.000000", 0) / 1000,
+        "lat_p99_us": pct.get("99.000000", 0) / 1000,
+        "lat_p999_us": pct.get("99.900000", 0) / 1000,
+        "iops": job["iops"],
+        "cpu_pct": "",
+        "bytes": job["io_bytes"],
+        "seconds": job["runtime"] / 1000,
+    }
+
+
+def fio_whole(path: str, rw: str, size: int, threads: int, bs: int) -> Optional[float]:
+    """fio's rate (bytes/s) writing (with a final fsync) or reading ``size`` bytes of ``path``."""
+    fio = shutil.which("fio")
+    if fio is None:
+        return None
+    per = _io.round_down(size // threads, bs)
+    cmd = [
+        fio,
+        "--name=millrace-whole",
+        f"--filename={path}",
+        f"--rw={rw}",
+        f"--bs={bs}",
+        f"--numjobs={threads}",
+        f"--size={per}",
+        f"--offset_increment={per}",
+        "--direct=1",
+        "--ioengine=psync",
+        "--group_reporting",
+        "--output-format=json",
+    ]
+    if rw == "write":
+        cmd += ["--end_fsync=1", "--fallocate=none"]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    if out.returncode != 0:
+        print(f"fio failed: {out.stderr.strip()}", file=sys.stderr)
+        return None
+    job = json.loads(out.stdout[out.stdout.index("{") :])["jobs"][0][
+        "write" if rw == "write" else "read"
+    ]
+    # bw_bytes excludes the final fsync; take the slower of that and bytes over fio's wall time
+    # so the comparison with our (fsynced) save is fair to fio, not flattering to us.
+    return min(job["bw_bytes"], job["io_bytes"] / wall) if rw == "write" else job["bw_bytes"]
+
+
+def dd_whole(path: str, rw: str, size: int, bs: int) -> Optional[float]:
+    """Fallback baseline where fio is absent: one dd stream with O_DIRECT (and fsync)."""
+    dd = shutil.which("dd")
+    if dd is None:
+        return None
+    count = size // bs
+    if rw == "write":
+        cmd = [
+            dd,
+            "if=/dev/zero",
+            f"of={path}",
+            f"bs={bs}",
+            f"count={count}",
+            "oflag=direct",
+            "conv=fsync",
+        ]
+    else:
+        cmd = [dd, f"if={path}", "of=/dev/null", f"bs={bs}", f"count={count}", "iflag=direct"]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, capture_output=True, check=True)
+    return count * bs / (time.perf_counter() - t0)
+
+
+def _row(mode, size, threads, nbytes, secs, baseline="", base_rate=None, **extra) -> dict:
+    rate = nbytes / secs
+    return {
+        "mode": mode,
+        "size_bytes": size,
+        "threads": threads,
+        "gbps": rate / 1e9,
+        "bytes": nbytes,
+        "seconds": secs,
+        "baseline": baseline,
+        "baseline_gbps": "" if base_rate is None else base_rate / 1e9,
+        "ratio": "" if base_rate is None else rate / base_rate,
+        **extra,
+    }
+
+
+def _best(fn, repeat: int) -> tuple:
+    """Run ``fn`` ``repeat`` times; return (best seconds, last result)."""
+    best, res = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        res = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, res
+
+
+def whole_file(path: str, threads: int, repeat: int) -> list:
+    """Whole-file reads: ours (cpu, cpu-gpu, gds), naive, fio, and the H2D rate."""
+    torch = _gpu.torch_module()
+    size = os.path.getsize(path)
+    rows = []
+
+    def cold(fn):
+        def run():
+            drop_cache(path)
+            return fn()
+
+        return run
+
+    fio_rate = fio_whole(path, "read", size, threads, _io.DEFAULT_CHUNK)
+    t, _ = _best(cold(lambda: read(path, "cpu", threads=threads)), repeat)
+    file_rate = size / t
+    rows.append(_row("whole-cpu", size, threads, size, t, "fio" if fio_rate else "", fio_rate))
+    t, _ = _best(cold(lambda: np.fromfile(path, dtype=np.uint8)), repeat)
+    rows.append(_row("whole-naive-numpy", size, 1, size, t, "whole-cpu", file_rate))
+    gpu = torch is not None and torch.cuda.is_available()
+    if not gpu:
+        return rows
+    h2d = _gpu.h2d_rate(min(size, 1 << 30))
+    rows.append(_row("h2d-pinned", min(size, 1 << 30), 1, 1, 1 / h2d))
+    ref = min(file_rate, h2d)
+
+    def ours(gds):
+        def run():
+            x = read(path, "cuda", threads=threads, gds=gds)
+            torch.cuda.synchronize()
+            return x
+
+        return run
+
+    def naive():
+        x = torch.from_numpy(np.fromfile(path, dtype=np.uint8)).cuda()
+        torch.cuda.synchronize()
+        return x
+
+    t_naive, _ = _best(cold(naive), repeat)
+    rows.append(_row("whole-naive-torch", size, 1, size, t_naive, "min(file,h2d)", ref))
+    t, x = _best(cold(ours(False)), repeat)
+    ok = bool(
+        torch.equal(x[: 1 << 20].cpu(), torch.from_numpy(np.fromfile(path, np.uint8, 1 << 20)))
+    )
+    rows.append(
+        _row(
+            "whole-cpu-gpu",
+            size,
+            threads,
+            size,
+            t,
+            "min(file,h2d)",
+            ref,
+            speedup_vs_naive=t_naive / t,
+            verified=ok,
+        )
+    )
+    del x
+    if _gpu.CuFile.get() is not None:
+        t, x = _best(cold(ours(True)), repeat)
+        rows.append(
+            _row(
+                "whole-gds",
+                size,
+                threads,
+                size,
+                t,
+                "min(file,h2d)",
+                ref,
+                speedup_vs_naive=t_naive / t,
+            )
+        )
+        del x
+    return rows
+
+
+def checkpoint_bench(directory: str, gb: float, threads: int) -> list:
+    torch = _gpu.torch_module()
+    gpu = torch is not None and torch.cuda.is_available()
+    total = int(gb * (1 << 30))
+    piece = 64 << 20
+    state: dict = {}
+    rng = np.random.default_rng(0)
+    for i in range(max(1, total // piece)):
+        n = piece // 2
+        if gpu:
+            state[f"layer{i:04d}.weight"] = torch.randn(n, device="cuda").to(torch.bfloat16)
+        else:
+            state[f"layer{i:04d}.weight"] = rng.integers(0, 1 << 16, n, dtype=np.uint16).view(
+                np.float16
+            )
+    nbytes = sum(int(v.nbytes) for v in state.values())
+    path = os.path.join(directory, "millrace-bench-ckpt.safetensors")
+    fio_path = os.path.join(directory, "millrace-bench-fio.tmp")
+    bs = 8 << 20
+    rows = []
+    tool = "fio" if shutil.which("fio") else "dd"
+    if tool == "fio":
+        w_rate = fio_whole(fio_path, "write", nbytes, threads, bs)
+        drop_cache(fio_path)
+        r_rate = fio_whole(fio_path, "read", nbytes, threads, bs)
+    else:
+        w_rate = dd_whole(fio_path, "write", nbytes, bs)
+        drop_cache(fio_path)
+        r_rate = dd_whole(fio_path, "read", nbytes, bs)
+    os.unlink(fio_path)
+    if gpu:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    size = save_checkpoint(state, path, threads=threads)
+    t_save = time.perf_counter() - t0
+    rows.append(
+        _row(
+            "ckpt-save",
+            size,
+            threads,
+            size,
+            t_save,
+            f"{tool}-write",
+            w_rate,
+            source="cuda" if gpu else "numpy",
+        )
+    )
+    drop_cache(path)
+    t0 = time.perf_counter()
+    loaded = load_checkpoint(path, device="cuda" if gpu else "cpu", threads=threads)
+    if gpu:
+        torch.cuda.synchronize()
+    t_load = time.perf_counter() - t0
+    k = next(iter(state))
+    same = (
+        bool(torch.equal(loaded[k], state[k]))
+        if gpu
+        else bool(np.array_equal(loaded[k].view(np.uint16), state[k].view(np.uint16)))
+    )
+    rows.append(
+        _row("ckpt-load", size, threads, size, t_load, f"{tool}-read", r_rate, verified=same)
+    )
+    os.unlink(path)
+    return rows
+
+
+def make_plot(rows: list, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = [r for r in rows if r["mode"] in ("cpu", "cpu-gpu", "gds", "fio")]
+    modes = [m for m in ("cpu", "cpu-gpu", "gds") if any(r["mode"] == m for r in grid)]
+    if not modes:
+        return
+    fig, axes = plt.subplots(1, len(modes), figsize=(5 * len(modes), 4), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        for th in sorted({r["threads"] for r in grid}):
+            for m, style in ((mode, "-o"), ("fio", "--x")):
+                if m == "fio" and mode != "cpu":
+                    continue
+                pts = sorted(
+                    (r["size_bytes"], r["gbps"])
+                    for r in grid
+                    if r["mode"] == m and r["threads"] == th
+                )
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=f"{m} {th} thr")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("transfer size (bytes)")
+        ax.set_ylabel("GB/s")
+        ax.set_title(mode)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m millrace.bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("file", help="file to read (created with --create SIZE if missing)")
+    p.add_argument("--sizes", default="4K,64K,1M,16M")
+    p.add_argument("--threads", default="1,4,16")
+    p.add_argument("--mode", default="cpu,cpu-gpu,gds")
+    p.add_argument("--seconds", type=float, default=2.0, help="per cell")
+    p.add_argument("--pattern", choices=["seq", "rand"], default="seq")
+    p.add_argument("--csv")
+    p.add_argument("--plot")
+    p.add_argument(
+        "--fio",
+        choices=["auto", "no"],
+        default="auto",
+        help="compare cpu cells with fio in the same run (default when installed)",
+    )
+    p.add_argument("--create", type=parse_size, help="write FILE with this many random bytes")
+    p.add_argument("--whole", action="store_true", help="also time whole-file reads")
+    p.add_argument("--whole-threads", type=int, default=8)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--checkpoint-gb", type=float, help="also save/load a state dict this big")
+    args = p.parse_args(argv)
+
+    print(_gpu.describe(), flush=True)
+    if args.create and not os.path.exists(args.file):
+        chunk = np.random.default_rng(1).integers(0, 256, 64 << 20, dtype=np.uint8)
+        with open(args.file, "wb") as fh:
+            left = args.create
+            while left > 0:
+                fh.write(chunk[: min(left, chunk.size)].tobytes())
+                left -= chunk.size
+            os.fsync(fh.fileno())
+    _io.check_path(args.file)
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    threads = [int(t) for t in args.threads.split(",")]
+    modes = [m.strip() for m in args.mode.split(",") if m.strip()]
+    torch = _gpu.torch_module()
+    gpu = torch is not None and torch.cuda.is_available()
+    for m in list(modes):
+        if m not in ("cpu", "cpu-gpu", "gds"):
+            raise SystemExit(f"unknown mode {m!r}; use cpu, cpu-gpu or gds.")
+        if m != "cpu" and not gpu:
+            print(f"skipping mode {m}: no CUDA device (PyTorch with CUDA is needed)")
+            modes.remove(m)
+        elif m == "gds" and _gpu.CuFile.get() is None:
+            print(f"skipping mode gds: {_gpu.CuFile.why_not()}")
+            modes.remove(m)
+    use_fio = args.fio == "auto" and shutil.which("fio") is not None
+    if "cpu" in modes and not use_fio:
+        print("fio comparison: off (" + ("--fio no" if args.fio == "no" else "fio not found") + ")")
+    rows = []
+    hdr = f"{'mode':>10} {'size':>9} {'thr':>4} {'GB/s':>8} {'p50 us':>9} {'p99 us':>9} {'cpu%':>6}"
+    print(hdr)
+    for mode in modes:
+        for size in sizes:
+            for th in threads:
+                r = run_cell(mode, args.file, size, th, args.seconds, args.pattern)
+                if mode == "cpu" and use_fio:
+                    fr = fio_cell(args.file, size, th, args.seconds, args.pattern)
+                    if fr:
+                        r.update(
+                            baseline="fio", baseline_gbps=fr["gbps"], ratio=r["gbps"] / fr["gbps"]
+                        )
+                        rows.append(fr)
+                rows.append(r)
+                extra = f"  {r['ratio']:.2f}x fio" if r.get("ratio") else ""
+                print(
+                    f"{mode:>10} {size:>9} {th:>4} {r['gbps']:8.3f} {r['lat_p50_us']:9.1f} "
+                    f"{r['lat_p99_us']:9.1f} {r['cpu_pct']:6.0f}{extra}",
+                    flush=True,
+                )
+    if args.whole:
+        for r in whole_file(args.file, args.whole_threads, args.repeat):
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    if args.checkpoint_gb:
+        for r in checkpoint_bench(
+            os.path.dirname(os.path.abspath(args.file)), args.checkpoint_gb, args.whole_threads
+        ):
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    if args.csv:
+        extra_cols = sorted({k for r in rows for k in r} - set(COLUMNS))
+        with open(args.csv, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=COLUMNS + extra_cols, restval="")
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    if args.plot:
+        make_plot(rows, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The Python client's checks: ruff format, ruff lint, pytest. Installs what it needs first
+# (quietly; pip skips what is already there). torch is optional: its tests skip without it, and
+# tests marked gpu skip without a CUDA device.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+"$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore \
+  numpy safetensors pytest hypothesis ruff matplotlib >/dev/null || exit 1
+if ! "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-deps \
+  -e . >/dev/null 2>&1; then
+  echo "note: 'pip install -e python' failed; testing the source tree through PYTHONPATH" >&2
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+"$PY" -m ruff format --check . || exit 1
+"$PY" -m ruff check . || exit 1
+"$PY" -m pytest -q -p no:cacheprovider tests "$@"
+rc=$?
+if [[ $rc -eq 5 ]]; then echo "pytest collected no tests" >&2; exit 1; fi
+exit $rc

@@ -1,0 +1,51 @@
+import csv
+
+import numpy as np
+
+from millrace import bench
+
+REQUIRED = ["mode", "size_bytes", "threads", "gbps", "lat_p50_us", "lat_p99_us", "cpu_pct"]
+
+
+def test_bench_writes_csv_and_png(tmp_path, capsys):
+    f = tmp_path / "data.bin"
+    f.write_bytes(np.random.default_rng(0).integers(0, 256, 4 << 20, dtype=np.uint8).tobytes())
+    out_csv, out_png = tmp_path / "out.csv", tmp_path / "out.png"
+    rc = bench.main(
+        [
+            str(f),
+            "--sizes",
+            "4K,64K",
+            "--threads",
+            "1,2",
+            "--mode",
+            "cpu",
+            "--seconds",
+            "0.2",
+            "--fio",
+            "no",
+            "--csv",
+            str(out_csv),
+            "--plot",
+            str(out_png),
+        ]
+    )
+    assert rc == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("path: "), first
+    rows = list(csv.DictReader(out_csv.read_text().splitlines()))
+    assert set(REQUIRED) <= set(rows[0])
+    cells = {(r["mode"], int(r["size_bytes"]), int(r["threads"])) for r in rows}
+    assert cells == {("cpu", s, t) for s in (4096, 65536) for t in (1, 2)}
+    for r in rows:
+        assert float(r["gbps"]) > 0
+        assert 0 < float(r["lat_p50_us"]) <= float(r["lat_p99_us"])
+        assert float(r["cpu_pct"]) >= 0
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_parse_size():
+    assert bench.parse_size("4K") == 4096
+    assert bench.parse_size("16M") == 16 << 20
+    assert bench.parse_size("1g") == 1 << 30
+    assert bench.parse_size("512") == 512

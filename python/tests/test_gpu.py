@@ -1,0 +1,122 @@
+"""GPU paths. Marked ``gpu``: skipped (with the reason) where there is no CUDA device."""
+
+import os
+
+import numpy as np
+import pytest
+
+import millrace
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def torch():
+    import torch
+
+    return torch
+
+
+@pytest.mark.parametrize("size", [1, 4097, (5 << 20) + 3])
+@pytest.mark.parametrize("gds", [False, True])
+def test_read_to_gpu(tmp_path, torch, size, gds):
+    from millrace import _gpu
+
+    if gds and _gpu.CuFile.get() is None:
+        pytest.skip(f"cuFile unavailable: {_gpu.CuFile.why_not()}")
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    p = tmp_path / "f.bin"
+    p.write_bytes(data.tobytes())
+    out = millrace.read(str(p), device="cuda", threads=4, chunk=1 << 20, gds=gds)
+    assert out.is_cuda and out.dtype == torch.uint8
+    assert np.array_equal(out.cpu().numpy(), data)
+    part = millrace.read(str(p), device="cuda", offset=size // 3, length=size // 2, gds=gds)
+    assert np.array_equal(part.cpu().numpy(), data[size // 3 : size // 3 + size // 2])
+
+
+def test_write_from_gpu(tmp_path, torch):
+    t = torch.arange(3_000_001, device="cuda", dtype=torch.int32)
+    p = str(tmp_path / "w.bin")
+    millrace.write(p, t, chunk=1 << 20)
+    assert np.array_equal(np.fromfile(p, dtype=np.int32), np.arange(3_000_001, dtype=np.int32))
+
+
+def test_checkpoint_from_and_to_gpu(tmp_path, torch):
+    import safetensors.torch
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    sd = {
+        "w": torch.randn(1000, 513, device="cuda", generator=g),
+        "w_bf16": torch.randn(777, device="cuda", generator=g).to(torch.bfloat16),
+        "b": torch.randn(4, 4, device="cuda", generator=g).t(),  # not contiguous
+        "cpu_side": torch.arange(10, dtype=torch.int64),
+        "scalar": torch.tensor(3.5, device="cuda"),
+    }
+    p = str(tmp_path / "c.safetensors")
+    millrace.save_checkpoint(sd, p, chunk=1 << 20)
+    ref = safetensors.torch.load_file(p)
+    for k, v in sd.items():
+        assert torch.equal(ref[k], v.cpu()), k
+    back = millrace.load_checkpoint(p, device="cuda", chunk=1 << 20)
+    for k, v in sd.items():
+        assert back[k].is_cuda and back[k].dtype == v.dtype and torch.equal(back[k], v.cuda()), k
+
+
+def test_dataset_on_gpu_matches_cpu(tmp_path, torch):
+    for s in range(3):
+        millrace.save_checkpoint(
+            {
+                "x": np.arange(40 * 3, dtype=np.float32).reshape(40, 3) + s * 1000,
+                "y": np.arange(40, dtype=np.int64) + s * 1000,
+            },
+            str(tmp_path / f"s{s}.safetensors"),
+        )
+    pattern = str(tmp_path / "*.safetensors")
+    cpu = list(millrace.ShardDataset(pattern, batch_size=16, shuffle=True, seed=2))
+    gpu = list(millrace.ShardDataset(pattern, device="cuda", batch_size=16, shuffle=True, seed=2))
+    assert len(cpu) == len(gpu) == 8
+    for a, b in zip(cpu, gpu):
+        assert b["x"].is_cuda
+        assert np.array_equal(a["x"], b["x"].cpu().numpy())
+        assert np.array_equal(a["y"], b["y"].cpu().numpy())
+
+
+def test_gds_forced_without_cufile_is_a_clear_error(tmp_path, monkeypatch):
+    from millrace import _gpu
+
+    if _gpu.CuFile.get() is not None:
+        pytest.skip("cuFile is available here")
+    p = tmp_path / "f.bin"
+    p.write_bytes(b"x" * 10)
+    with pytest.raises(millrace.DeviceUnavailableError, match="gds=None"):
+        millrace.read(str(p), device="cuda", gds=True)
+
+
+def test_bench_gpu_modes(tmp_path):
+    import csv
+
+    from millrace import _gpu, bench
+
+    f = tmp_path / "d.bin"
+    f.write_bytes(os.urandom(8 << 20))
+    modes = "cpu,cpu-gpu" + (",gds" if _gpu.CuFile.get() is not None else "")
+    out = tmp_path / "o.csv"
+    bench.main(
+        [
+            str(f),
+            "--sizes",
+            "64K",
+            "--threads",
+            "2",
+            "--mode",
+            modes,
+            "--seconds",
+            "0.3",
+            "--fio",
+            "no",
+            "--csv",
+            str(out),
+        ]
+    )
+    got = {r["mode"] for r in csv.DictReader(out.read_text().splitlines())}
+    assert got == set(modes.split(","))
