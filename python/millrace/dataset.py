@@ -488,11 +488,13 @@ class _Prefetcher:
                         sel = so == s
                         out[sel] = loaded[s].result()[fi][local[sel]]
                     if stream is not None:
+                        # Copy from the pinned tensor itself (not a from_numpy alias) so that
+                        # torch's host allocator keeps the block until the copy has finished.
+                        tdt = torch.from_numpy(out[:0]).dtype
+                        src = pin.t.view(tdt).reshape(shape)
                         with torch.cuda.stream(stream):
-                            dev = torch.empty(
-                                shape, dtype=torch.from_numpy(out).dtype, device=ds.device
-                            )
-                            dev.copy_(torch.from_numpy(out), non_blocking=True)
+                            dev = torch.empty(shape, dtype=tdt, device=ds.device)
+                            dev.copy_(src, non_blocking=True)
                         out = dev
                     if ds.batch_size is None:
                         out = out[0]
