@@ -329,6 +329,65 @@ impl Sqe {
     }
 }
 
+/// Where a command's data comes from or goes to, once its SGL has been checked against the
+/// capsule and the transfer limit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Transfer {
+    /// No data moves (also for opcodes that claim both directions, which no known command
+    /// uses: they are refused as unknown later).
+    None,
+    /// Host-to-controller data already in the capsule, at this range of the in-capsule data.
+    InCapsule(std::ops::Range<usize>),
+    /// Host-to-controller data still to be asked for with R2T (zero: none to ask for).
+    FromHost(usize),
+    /// Controller-to-host data of this length, sent in C2HData PDUs.
+    ToHost(usize),
+}
+
+/// Checks a command's data pointer against `in_capsule_len` bytes of in-capsule data and the
+/// largest transfer, and says how its data travels, or which status refuses it. The
+/// connection calls this for every capsule; it reads nothing but the SQE.
+pub fn transfer(sqe: &Sqe, in_capsule_len: usize, max_transfer: usize) -> Result<Transfer, Status> {
+    match (sqe.direction(), sqe.sgl()) {
+        (Direction::None | Direction::Both, _) => Ok(Transfer::None),
+        (_, Sgl::Other { .. }) => Err(Status::SGL_DESCRIPTOR_TYPE_INVALID),
+        (Direction::HostToController, Sgl::InCapsule { offset, len }) => {
+            let icd = in_capsule_len as u64;
+            match offset.checked_add(len as u64) {
+                Some(end) if end <= icd => Ok(Transfer::InCapsule(offset as usize..end as usize)),
+                _ if offset > icd => Err(Status::SGL_OFFSET_INVALID),
+                _ => Err(Status::DATA_SGL_LENGTH_INVALID),
+            }
+        }
+        (Direction::HostToController, Sgl::Transport { len }) if len as usize <= max_transfer => {
+            Ok(Transfer::FromHost(len as usize))
+        }
+        (Direction::ControllerToHost, Sgl::Transport { len }) if len as usize <= max_transfer => {
+            Ok(Transfer::ToHost(len as usize))
+        }
+        (_, Sgl::Transport { .. }) => Err(Status::INVALID_FIELD),
+        // Data for the host never travels inside a command capsule.
+        (Direction::ControllerToHost, Sgl::InCapsule { .. }) => {
+            Err(Status::SGL_DESCRIPTOR_TYPE_INVALID)
+        }
+    }
+}
+
+/// The byte range of `blocks` logical blocks from `slba` on a namespace of `ns_blocks` blocks
+/// of `1 << lba_shift` bytes, or LBA Out of Range when any of it lies past the end.
+pub fn lba_range(
+    slba: u64,
+    blocks: u64,
+    ns_blocks: u64,
+    lba_shift: u32,
+) -> Result<(u64, u64), Status> {
+    match slba.checked_add(blocks) {
+        // Inside the namespace, so the shifts cannot overflow: the device's byte size fits.
+        Some(end) if end <= ns_blocks => Ok((slba << lba_shift, blocks << lba_shift)),
+        _ => Err(Status::LBA_OUT_OF_RANGE),
+    }
+}
+
 /// A completion queue entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Cqe {
@@ -512,6 +571,69 @@ mod tests {
             Sqe::fabrics(fctype::PROPERTY_GET, 1).direction(),
             Direction::None
         );
+    }
+
+    #[test]
+    fn transfers_are_checked_against_the_capsule_and_the_limit() {
+        let w = |sgl| {
+            let mut s = Sqe::new(io::WRITE, 1, 1);
+            s.set_sgl(sgl);
+            s
+        };
+        let ic = |offset, len| Sgl::InCapsule { offset, len };
+        assert_eq!(
+            transfer(&w(ic(0, 512)), 512, 4096),
+            Ok(Transfer::InCapsule(0..512))
+        );
+        assert_eq!(
+            transfer(&w(ic(100, 12)), 512, 4096),
+            Ok(Transfer::InCapsule(100..112))
+        );
+        assert_eq!(
+            transfer(&w(ic(0, 513)), 512, 4096),
+            Err(Status::DATA_SGL_LENGTH_INVALID)
+        );
+        assert_eq!(
+            transfer(&w(ic(513, 0)), 512, 4096),
+            Err(Status::SGL_OFFSET_INVALID)
+        );
+        // Offsets and lengths that overflow when added are refused, not wrapped.
+        assert_eq!(
+            transfer(&w(ic(u64::MAX, 2)), 512, 4096),
+            Err(Status::SGL_OFFSET_INVALID)
+        );
+        assert_eq!(
+            transfer(&w(Sgl::Transport { len: 4097 }), 0, 4096),
+            Err(Status::INVALID_FIELD)
+        );
+        assert_eq!(
+            transfer(&w(Sgl::Transport { len: 4096 }), 0, 4096),
+            Ok(Transfer::FromHost(4096))
+        );
+        assert_eq!(
+            transfer(&w(Sgl::Other { id: 0x20 }), 0, 4096),
+            Err(Status::SGL_DESCRIPTOR_TYPE_INVALID)
+        );
+        let mut r = Sqe::new(io::READ, 1, 1);
+        r.set_sgl(Sgl::Transport { len: u32::MAX });
+        assert_eq!(transfer(&r, 0, 1 << 20), Err(Status::INVALID_FIELD));
+        r.set_sgl(ic(0, 0));
+        assert_eq!(
+            transfer(&r, 0, 4096),
+            Err(Status::SGL_DESCRIPTOR_TYPE_INVALID)
+        );
+        assert_eq!(
+            transfer(&Sqe::new(io::FLUSH, 1, 1), 0, 4096),
+            Ok(Transfer::None)
+        );
+    }
+
+    #[test]
+    fn lba_ranges_past_the_end_are_refused() {
+        assert_eq!(lba_range(0, 8, 8, 12), Ok((0, 32768)));
+        assert_eq!(lba_range(1, 8, 8, 12), Err(Status::LBA_OUT_OF_RANGE));
+        assert_eq!(lba_range(u64::MAX, 1, 8, 12), Err(Status::LBA_OUT_OF_RANGE));
+        assert_eq!(lba_range(8, 0, 8, 12), Ok((32768, 0)));
     }
 
     #[test]

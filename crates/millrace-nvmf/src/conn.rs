@@ -4,7 +4,7 @@
 //! with other connections except the controller and the namespaces (lock-free on the I/O path).
 
 use crate::admin;
-use crate::cmd::{self, fctype, io, Cqe, Direction, Sgl, Sqe, Status, CONNECT_DATA_LEN};
+use crate::cmd::{self, fctype, io, Cqe, Sqe, Status, Transfer, CONNECT_DATA_LEN};
 use crate::pdu::{
     self, encode, encode_head, read_data, read_head, DataHdr, Frame, Head, IcResp, Negotiated,
     PduError, R2t, ReadError, Side,
@@ -414,60 +414,23 @@ impl Conn {
                 .await;
             return Ok(());
         }
-        let dir = sqe.direction();
-        let sgl = sqe.sgl();
-        let (data, c2h_len) = match (dir, sgl) {
-            // No command this target knows moves data both ways; such opcodes are refused
-            // as unknown further on.
-            (Direction::None | Direction::Both, _) => (None, 0),
-            (_, Sgl::Other { .. }) => {
-                self.reply
-                    .done(cid, Status::SGL_DESCRIPTOR_TYPE_INVALID, 0)
-                    .await;
+        let (data, c2h_len) = match cmd::transfer(&sqe, icd.len(), self.max_transfer()) {
+            Err(st) => {
+                self.reply.done(cid, st, 0).await;
                 return Ok(());
             }
-            (Direction::HostToController, Sgl::InCapsule { offset, len }) => {
-                let (off, len) = (offset, len as u64);
-                if off.checked_add(len).is_none_or(|e| e > icd.len() as u64) {
-                    let st = if off > icd.len() as u64 {
-                        Status::SGL_OFFSET_INVALID
-                    } else {
-                        Status::DATA_SGL_LENGTH_INVALID
-                    };
-                    self.reply.done(cid, st, 0).await;
-                    return Ok(());
-                }
-                let data = if off == 0 && len as usize == icd.len() {
+            Ok(Transfer::None) => (None, 0),
+            Ok(Transfer::InCapsule(r)) => {
+                let data = if r.start == 0 && r.end == icd.len() {
                     icd
                 } else {
-                    icd[off as usize..(off + len) as usize].to_vec()
+                    icd[r].to_vec()
                 };
                 (Some(data), 0)
             }
-            (Direction::HostToController, Sgl::Transport { len }) => {
-                let len = len as usize;
-                if len > self.max_transfer() {
-                    self.reply.done(cid, Status::INVALID_FIELD, 0).await;
-                    return Ok(());
-                }
-                if len > 0 {
-                    return self.start_r2t(sqe, len).await;
-                }
-                (Some(Vec::new()), 0)
-            }
-            (Direction::ControllerToHost, Sgl::Transport { len }) => {
-                if len as usize > self.max_transfer() {
-                    self.reply.done(cid, Status::INVALID_FIELD, 0).await;
-                    return Ok(());
-                }
-                (None, len as usize)
-            }
-            _ => {
-                self.reply
-                    .done(cid, Status::SGL_DESCRIPTOR_TYPE_INVALID, 0)
-                    .await;
-                return Ok(());
-            }
+            Ok(Transfer::FromHost(0)) => (Some(Vec::new()), 0),
+            Ok(Transfer::FromHost(len)) => return self.start_r2t(sqe, len).await,
+            Ok(Transfer::ToHost(len)) => (None, len),
         };
         self.execute(sqe, data, c2h_len, None).await;
         Ok(())
@@ -835,12 +798,7 @@ fn status_of(e: &std::io::Error, read: bool) -> Status {
 impl IoJob {
     /// Byte range of an LBA range, or the status that refuses it.
     fn range(&self, slba: u64, blocks: u64) -> Result<(u64, u64), Status> {
-        match slba.checked_add(blocks) {
-            Some(end) if end <= self.ns.blocks => {
-                Ok((slba << self.ns.lba_shift, blocks << self.ns.lba_shift))
-            }
-            _ => Err(Status::LBA_OUT_OF_RANGE),
-        }
+        cmd::lba_range(slba, blocks, self.ns.blocks, self.ns.lba_shift)
     }
 
     async fn blocking<T: Send + 'static>(

@@ -1,0 +1,213 @@
+//! A whole target connection driven by arbitrary bytes: the target must answer with statuses or
+//! a termination request and close, never panic, never hang on a peer that has stopped sending.
+//!
+//! The first byte chooses what the harness sends before the fuzzed bytes, so inputs reach past
+//! the handshake: an ICReq (with digests), a Connect (to the admin queue of a new controller,
+//! to an I/O queue of a standing one, to an unknown subsystem, or from a host not allowed), and
+//! whether header and data digests in the fuzzed PDUs are recomputed so they match.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use millrace_block::MemBlockDevice;
+use millrace_nvmf::cmd::{fctype, Sgl, Sqe};
+use millrace_nvmf::initiator::{connect_data, HostController, HostOptions};
+use millrace_nvmf::pdu::{self, encode, Ch, Head, IcReq, Negotiated, Side, CH_LEN, DIGEST_LEN};
+use millrace_nvmf::{Namespace, SubsystemConfig, Target, TargetConfig};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::runtime::Runtime;
+
+const NQN: &str = "nqn.2024-01.io.millrace:fuzz";
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000f022";
+/// Longer than any honest exchange here takes; an input that runs into it kept the target's
+/// side of the connection open after the host stopped sending.
+const SESSION_LIMIT: Duration = Duration::from_secs(10);
+
+struct World {
+    rt: Runtime,
+    addr: SocketAddr,
+    /// A controller whose I/O queues the inputs that ask for one connect to.
+    io_ctrl: Mutex<Option<Arc<HostController>>>,
+    next_qid: AtomicU16,
+}
+
+fn host() -> HostOptions {
+    HostOptions {
+        hostnqn: HOST.into(),
+        kato_ms: 0,
+        ..Default::default()
+    }
+}
+
+fn world() -> &'static World {
+    static W: OnceLock<World> = OnceLock::new();
+    W.get_or_init(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        let cfg = TargetConfig {
+            max_buffer_bytes: 64 << 20,
+            max_io_queues: 8,
+            ..Default::default()
+        };
+        let addr = rt.block_on(async {
+            let t = Target::new(cfg);
+            t.add_subsystem(SubsystemConfig {
+                nqn: NQN.into(),
+                serial: "MR-FUZZ".into(),
+                model: "Millrace fuzz".into(),
+                namespaces: vec![Namespace {
+                    nsid: 1,
+                    dev: Arc::new(MemBlockDevice::new(1 << 20)),
+                    uuid: [1; 16],
+                    nguid: [2; 16],
+                }],
+                allowed_hosts: vec![HOST.into()],
+                allow_any_host: false,
+            })
+            .expect("a subsystem");
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("a loopback listener");
+            let addr = l.local_addr().expect("its address");
+            tokio::spawn(async move { t.serve(l).await });
+            addr
+        });
+        World {
+            rt,
+            addr,
+            io_ctrl: Mutex::new(None),
+            next_qid: AtomicU16::new(0),
+        }
+    })
+}
+
+/// The standing controller's id, connected (again) when it is gone.
+async fn io_controller(w: &World) -> Option<u16> {
+    let standing = w.io_ctrl.lock().unwrap().clone();
+    if let Some(c) = standing.filter(|c| !c.admin.is_closed()) {
+        return Some(c.cntlid);
+    }
+    let c = HostController::connect(w.addr, NQN, &host(), 0)
+        .await
+        .ok()?;
+    c.admin.set_features(0x07, 7 | 7 << 16).await.ok()?;
+    let id = c.cntlid;
+    *w.io_ctrl.lock().unwrap() = Some(Arc::new(c));
+    Some(id)
+}
+
+/// Rewrites the digests of the PDUs in `b` so they match, as far as the stream frames.
+fn fix_digests(b: &mut [u8], neg: &Negotiated) {
+    let mut at = 0;
+    while let Some(chb) = b.get(at..at + CH_LEN) {
+        let ch = Ch::decode(chb.try_into().unwrap());
+        let Ok(f) = pdu::frame(&ch, Side::Controller, neg) else {
+            return;
+        };
+        let end = at + ch.plen as usize;
+        if end > b.len() {
+            return;
+        }
+        if f.hdgst {
+            let d = pdu::digest(&b[at..at + f.hlen()]);
+            b[at + f.hlen()..at + f.hlen() + DIGEST_LEN].copy_from_slice(&d.to_le_bytes());
+        }
+        if f.ddgst {
+            let data = at + f.head_len();
+            let d = pdu::digest(&b[data..data + f.data_len]);
+            b[end - DIGEST_LEN..end].copy_from_slice(&d.to_le_bytes());
+        }
+        at = end;
+    }
+}
+
+async fn session(w: &World, mode: u8, rest: &[u8]) {
+    let (hd, dd) = (mode & 2 != 0, mode & 4 != 0);
+    let neg = Negotiated {
+        ic_done: true,
+        hdgst: hd,
+        ddgst: dd,
+        max_data: 1 << 20,
+    };
+    let mut out = Vec::new();
+    if mode & 1 != 0 {
+        let ic = IcReq {
+            pfv: 0,
+            hpda: 0,
+            hdgst: hd,
+            ddgst: dd,
+            maxr2t: 0,
+        };
+        out.extend(encode(&Head::IcReq(ic), &[], false, false, 1));
+        let mut o = host();
+        let connect: Option<(&str, u16, u16)> = match (mode >> 4) & 7 {
+            0 => None,
+            1 | 2 => Some((NQN, 0, 0xffff)),
+            3 | 4 => io_controller(w).await.map(|id| {
+                let q = w.next_qid.fetch_add(1, Ordering::Relaxed) % 8 + 1;
+                (NQN, q, id)
+            }),
+            5 => Some(("nqn.2024-01.io.millrace:nobody", 0, 0xffff)),
+            6 => {
+                o.hostnqn = "nqn.2014-08.org.nvmexpress:uuid:intruder".into();
+                Some((NQN, 0, 0xffff))
+            }
+            _ => Some((NQN, 0, 0x1234)),
+        };
+        if let Some((subnqn, qid, cntlid)) = connect {
+            let mut s = Sqe::fabrics(fctype::CONNECT, 0xc0c0);
+            s.set_connect(qid, if mode & 0x80 != 0 { 3 } else { 15 }, 0);
+            s.set_sgl(Sgl::InCapsule {
+                offset: 0,
+                len: 1024,
+            });
+            let d = connect_data(&o, subnqn, cntlid);
+            out.extend(encode(&Head::Cmd(s), &d, hd, dd, 1));
+        }
+    }
+    let start = out.len();
+    out.extend_from_slice(rest);
+    if mode & 8 != 0 {
+        fix_digests(&mut out[start..], &neg);
+    }
+    let Ok(sock) = tokio::net::TcpStream::connect(w.addr).await else {
+        return;
+    };
+    let (mut rd, mut wr) = sock.into_split();
+    let send = async move {
+        // The target may close at any point: a failed write is an answer, not an error.
+        if wr.write_all(&out).await.is_ok() {
+            let _ = wr.shutdown().await;
+        }
+        // Keep the sending half open (a shut-down one) until the target is done.
+        wr
+    };
+    let recv = async move {
+        let mut sink = vec![0u8; 64 * 1024];
+        while let Ok(n) = rd.read(&mut sink).await {
+            if n == 0 {
+                break;
+            }
+        }
+    };
+    let both = async { tokio::join!(send, recv) };
+    if tokio::time::timeout(SESSION_LIMIT, both).await.is_err() {
+        panic!(
+            "the target kept the connection open {SESSION_LIMIT:?} after the host stopped sending"
+        );
+    }
+}
+
+fuzz_target!(|input: &[u8]| {
+    let Some((&mode, rest)) = input.split_first() else {
+        return;
+    };
+    let w = world();
+    w.rt.block_on(session(w, mode, rest));
+});
