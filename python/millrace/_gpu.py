@@ -192,8 +192,9 @@ class CuFile:
         st = self.lib.cuFileHandleRegister(ctypes.byref(handle), ctypes.byref(descr))
         if st.err != 0:
             raise MillraceError(
-                f"cuFileHandleRegister failed (cuFile error {st.err}, CUDA error {st.cu_err}); "
-                "the filesystem may not support GPUDirect Storage: pass gds=False."
+                f"cuFileHandleRegister failed (cuFile error {st.err}, CUDA error {st.cu_err}): "
+                "cuFile cannot use this file's filesystem (see cufile.log); pass gds=False or "
+                "gds=None to read through pinned host buffers."
             )
         return handle
 
@@ -283,6 +284,7 @@ def read_to_device(
     threads: Optional[int] = None,
     chunk: int = _io.DEFAULT_CHUNK,
     gds: Optional[CuFile] = None,
+    gds_required: bool = False,
 ) -> None:
     """Fill the uint8 CUDA tensor ``dest[:length]`` with file bytes [offset, offset+length).
 
@@ -301,8 +303,15 @@ def read_to_device(
     if length == 0:
         return
     if gds is not None:
-        _gds_read(f, offset, length, dest, threads, chunk, gds)
-        return
+        try:
+            handle = gds.register(f.fd_direct if f.direct else f.fd_buffered)
+        except MillraceError:
+            if gds_required:
+                raise
+            handle = None  # this filesystem is not usable by cuFile: take the pinned path
+        if handle is not None:
+            _gds_read(f, offset, length, dest, threads, chunk, gds, handle)
+            return
     start = _io.round_down(offset)
     end = offset + length
     span = end - start
@@ -347,10 +356,8 @@ def read_to_device(
                 s.synchronize()
 
 
-def _gds_read(f, offset, length, dest, threads, chunk, cf: CuFile) -> None:
+def _gds_read(f, offset, length, dest, threads, chunk, cf: CuFile, handle) -> None:
     torch = torch_module()
-    fd = f.fd_direct if f.direct else f.fd_buffered
-    handle = cf.register(fd)
     base = dest.data_ptr()
     count = (length + chunk - 1) // chunk
     torch.cuda.synchronize(dest.device)

@@ -384,7 +384,7 @@ def whole_file(path: str, threads: int, repeat: int) -> list:
         )
     )
     del x
-    if _gpu.CuFile.get() is not None:
+    if not _gds_usable(path):
         t, x = _best(cold(ours(True)), repeat)
         rows.append(
             _row(
@@ -501,6 +501,21 @@ def make_plot(rows: list, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _gds_usable(path: str) -> str:
+    """Empty if cuFile can read ``path``, else why not."""
+    cf = _gpu.CuFile.get()
+    if cf is None:
+        return _gpu.CuFile.why_not()
+    f = _io.InputFile(path)
+    try:
+        cf.deregister(cf.register(f.fd_direct if f.direct else f.fd_buffered))
+    except Exception as e:
+        return str(e)
+    finally:
+        f.close()
+    return ""
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m millrace.bench",
@@ -549,9 +564,11 @@ def main(argv=None) -> int:
         if m != "cpu" and not gpu:
             print(f"skipping mode {m}: no CUDA device (PyTorch with CUDA is needed)")
             modes.remove(m)
-        elif m == "gds" and _gpu.CuFile.get() is None:
-            print(f"skipping mode gds: {_gpu.CuFile.why_not()}")
-            modes.remove(m)
+        elif m == "gds":
+            why = _gds_usable(args.file)
+            if why:
+                print(f"skipping mode gds: {why}")
+                modes.remove(m)
     use_fio = args.fio == "auto" and shutil.which("fio") is not None
     if "cpu" in modes and not use_fio:
         print("fio comparison: off (" + ("--fio no" if args.fio == "no" else "fio not found") + ")")

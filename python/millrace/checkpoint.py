@@ -134,7 +134,9 @@ def load_checkpoint(
                     out[t.name] = _view_torch(u8, t)
             return _in_header_order(out, h)
         dest = torch.empty(h.data_size, dtype=torch.uint8, device=dev)
-        _gpu.read_to_device(f, h.data_start, h.data_size, dest, threads, chunk, _gpu.use_gds(gds))
+        _gpu.read_to_device(
+            f, h.data_start, h.data_size, dest, threads, chunk, _gpu.use_gds(gds), gds is True
+        )
         out = {t.name: _view_torch(dest[t.begin : t.end], t) for t in h.tensors}
         return _in_header_order(out, h)
 

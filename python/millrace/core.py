@@ -42,7 +42,7 @@ def read(
             return _io.read_range_host(f, offset, length, threads, chunk)
         torch = _gpu.torch_module()
         dest = torch.empty(length, dtype=torch.uint8, device=dev)
-        _gpu.read_to_device(f, offset, length, dest, threads, chunk, _gpu.use_gds(gds))
+        _gpu.read_to_device(f, offset, length, dest, threads, chunk, _gpu.use_gds(gds), gds is True)
         return dest
 
 

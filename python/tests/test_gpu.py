@@ -18,15 +18,16 @@ def torch():
 
 
 @pytest.mark.parametrize("size", [1, 4097, (5 << 20) + 3])
-@pytest.mark.parametrize("gds", [False, True])
+@pytest.mark.parametrize("gds", [False, None, True])
 def test_read_to_gpu(tmp_path, torch, size, gds):
-    from millrace import _gpu
+    from millrace import bench
 
-    if gds and _gpu.CuFile.get() is None:
-        pytest.skip(f"cuFile unavailable: {_gpu.CuFile.why_not()}")
     data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
     p = tmp_path / "f.bin"
     p.write_bytes(data.tobytes())
+    why = bench._gds_usable(str(p))
+    if gds and why:
+        pytest.skip(f"cuFile cannot read files here: {why}")
     out = millrace.read(str(p), device="cuda", threads=4, chunk=1 << 20, gds=gds)
     assert out.is_cuda and out.dtype == torch.uint8
     assert np.array_equal(out.cpu().numpy(), data)
@@ -81,25 +82,29 @@ def test_dataset_on_gpu_matches_cpu(tmp_path, torch):
         assert np.array_equal(a["y"], b["y"].cpu().numpy())
 
 
-def test_gds_forced_without_cufile_is_a_clear_error(tmp_path, monkeypatch):
-    from millrace import _gpu
+def test_gds_forced_where_it_cannot_work_is_a_clear_error(tmp_path):
+    from millrace import _gpu, bench
 
-    if _gpu.CuFile.get() is not None:
-        pytest.skip("cuFile is available here")
     p = tmp_path / "f.bin"
     p.write_bytes(b"x" * 10)
-    with pytest.raises(millrace.DeviceUnavailableError, match="gds=None"):
+    why = bench._gds_usable(str(p))
+    if not why:
+        pytest.skip("cuFile works on this filesystem")
+    err = millrace.DeviceUnavailableError if _gpu.CuFile.get() is None else millrace.MillraceError
+    with pytest.raises(err, match="gds=None"):
         millrace.read(str(p), device="cuda", gds=True)
+    # the automatic choice falls back to pinned buffers instead
+    assert millrace.read(str(p), device="cuda").cpu().numpy().tobytes() == b"x" * 10
 
 
 def test_bench_gpu_modes(tmp_path):
     import csv
 
-    from millrace import _gpu, bench
+    from millrace import bench
 
     f = tmp_path / "d.bin"
     f.write_bytes(os.urandom(8 << 20))
-    modes = "cpu,cpu-gpu" + (",gds" if _gpu.CuFile.get() is not None else "")
+    modes = "cpu,cpu-gpu" + ("" if bench._gds_usable(str(f)) else ",gds")
     out = tmp_path / "o.csv"
     bench.main(
         [
