@@ -185,6 +185,8 @@ pub struct Pool {
     meta: Arc<Meta>,
     array: Arc<Array>,
     dirty: AtomicBool,
+    /// Set by [`Pool::stop_work`]: a rebuild or scrub under way stops at its next batch.
+    stopping: AtomicBool,
     /// Things worth telling the admin (unequal sizes, stale members, ...).
     pub notes: Vec<String>,
 }
@@ -467,6 +469,7 @@ impl Pool {
             meta,
             array,
             dirty: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
             notes,
         }
     }
@@ -1097,6 +1100,13 @@ impl Pool {
         let window = self.array.rebuild_batch_rows();
         let mut row = start;
         while row < geo.rows() {
+            if self.stopping.load(Ordering::Acquire) {
+                self.save_rebuild_checkpoint(row)?;
+                return err(format!(
+                    "the rebuild was stopped at row {row} of {} (the server is shutting down); it resumes there",
+                    geo.rows()
+                ));
+            }
             let n = window.min(geo.rows() - row);
             self.array.rebuild_rows(row, n)?;
             row += n - 1;
@@ -1119,14 +1129,7 @@ impl Pool {
             }
             if last_save.elapsed() >= std::time::Duration::from_secs(1) {
                 last_save = std::time::Instant::now();
-                self.array.flush()?;
-                let mut sb = self.meta.sb.lock();
-                let mut copy = sb.clone();
-                copy.rebuild_checkpoint = row + 1;
-                self.meta
-                    .commit(&mut copy)
-                    .map_err(|e| PoolError(format!("cannot record the rebuild's progress: {e}")))?;
-                *sb = copy;
+                self.save_rebuild_checkpoint(row + 1)?;
             }
             progress(row + 1, geo.rows());
             row += 1;
@@ -1146,6 +1149,25 @@ impl Pool {
         Ok(true)
     }
 
+    /// Records that rows before `row` are rebuilt, once they are durable.
+    fn save_rebuild_checkpoint(&self, row: u64) -> Result<()> {
+        self.array.flush()?;
+        let mut sb = self.meta.sb.lock();
+        let mut copy = sb.clone();
+        copy.rebuild_checkpoint = row;
+        self.meta
+            .commit(&mut copy)
+            .map_err(|e| PoolError(format!("cannot record the rebuild's progress: {e}")))?;
+        *sb = copy;
+        Ok(())
+    }
+
+    /// Asks a rebuild or scrub under way (on another thread) to stop at its next batch, the
+    /// rebuild recording its checkpoint first; used before a server closes its pools.
+    pub fn stop_work(&self) {
+        self.stopping.store(true, Ordering::Release);
+    }
+
     /// Checks every row's redundancy; with `repair`, fixes what it finds.
     pub fn scrub(
         &self,
@@ -1158,6 +1180,11 @@ impl Pool {
         let rows = self.array.geometry().rows();
         let mut total = crate::engine::ScrubReport::default();
         for row in 0..rows {
+            if self.stopping.load(Ordering::Acquire) {
+                return err(format!(
+                    "the scrub was stopped at row {row} of {rows} (the server is shutting down); run it again"
+                ));
+            }
             total.add(&self.array.scrub_row(row, repair)?);
             if row % 64 == 0 || row + 1 == rows {
                 progress(row + 1, rows);

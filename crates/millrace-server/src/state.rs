@@ -522,6 +522,19 @@ impl State {
     }
 
     pub fn close(&self) -> anyhow::Result<()> {
+        // Rebuilds and scrubs stop at their next batch (a rebuild records its checkpoint), so
+        // no job writes to a pool after it is recorded clean.
+        for e in self.entries() {
+            e.pool.stop_work();
+        }
+        let t0 = Instant::now();
+        while self.jobs.list().iter().any(|j| j.state == "running") {
+            if t0.elapsed() > std::time::Duration::from_secs(60) {
+                tracing::error!("a job did not stop within 60 s; closing the pools anyway");
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let pools = std::mem::take(&mut *self.pools.write());
         for (name, e) in pools {
             if let Err(err) = e.pool.close() {
