@@ -104,8 +104,6 @@ def run_cell(mode: str, path: str, size: int, threads: int, seconds: float, patt
 
         def worker(t: int) -> None:
             try:
-                lat = np.empty(1 << 16, dtype=np.int64)
-                n = 0
                 base = t * region
                 nblocks = region // size
                 rng = np.random.default_rng(t)
@@ -132,28 +130,49 @@ def run_cell(mode: str, path: str, size: int, threads: int, seconds: float, patt
                 clock = time.perf_counter_ns
                 barrier.wait()
                 end_ns = int(stop_at[0] * 1e9)
+                lat: list = []
+                append = lat.append
+                mask = len(offs) - 1
                 k = 0
-                while True:
-                    off = base + offs[k & 0xFFFF]
-                    t0 = clock()
-                    if mode == "cpu":
-                        got = preadv(fd, [buf], off)
-                    elif mode == "cpu-gpu":
-                        got = preadv(fd, [buf], off)
-                        dev.copy_(pin.t, non_blocking=True)
-                        stream.synchronize()
-                    else:
-                        got = cf.read(handle, ptr, size, off, 0)
-                    t1 = clock()
-                    if got != size:
-                        raise OSError(f"short read of {got} bytes at {off}")
-                    if n == lat.shape[0]:
-                        lat = np.concatenate([lat, np.empty_like(lat)])
-                    lat[n] = t1 - t0
-                    n += 1
-                    k += 1
-                    if t1 >= end_ns:
-                        break
+                t1 = 0
+                if mode == "cpu":
+                    bufs = [memoryview(buf)]
+                    while t1 < end_ns:
+                        off = base + offs[k & mask]
+                        t0 = clock()
+                        got = preadv(fd, bufs, off)
+                        t1 = clock()
+                        append(t1 - t0)
+                        k += 1
+                        if got != size:
+                            raise OSError(f"short read of {got} bytes at {off}")
+                elif mode == "cpu-gpu":
+                    bufs = [memoryview(buf)]
+                    src, sync = pin.t, stream.synchronize
+                    while t1 < end_ns:
+                        off = base + offs[k & mask]
+                        t0 = clock()
+                        got = preadv(fd, bufs, off)
+                        dev.copy_(src, non_blocking=True)
+                        sync()
+                        t1 = clock()
+                        append(t1 - t0)
+                        k += 1
+                        if got != size:
+                            raise OSError(f"short read of {got} bytes at {off}")
+                else:
+                    read_ = cf.read
+                    while t1 < end_ns:
+                        off = base + offs[k & mask]
+                        t0 = clock()
+                        got = read_(handle, ptr, size, off, 0)
+                        t1 = clock()
+                        append(t1 - t0)
+                        k += 1
+                        if got != size:
+                            raise OSError(f"short read of {got} bytes at {off}")
+                n = len(lat)
+                lat = np.array(lat, dtype=np.int64)
                 lats[t] = lat[:n]
                 counts[t] = n
             except BaseException as e:
