@@ -59,6 +59,17 @@ pub struct Stats {
     pub member_errors: AtomicU64,
 }
 
+/// What one member slot moved, counted where member I/O completes (a replacement drive in the
+/// slot continues the slot's counts).
+#[derive(Default, Debug)]
+pub struct MemberStats {
+    pub read_ops: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub write_ops: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub errors: AtomicU64,
+}
+
 /// A member slot with no drive behind it (lost, or never found at import).
 pub struct MissingDrive(pub String);
 
@@ -107,6 +118,8 @@ pub struct Array {
     /// Serialises journaled (degraded) writes; holds the next record's sequence number.
     journal: Mutex<u64>,
     pub stats: Stats,
+    /// Per member slot, in member order.
+    pub member_stats: Vec<MemberStats>,
 }
 
 fn state_code(s: MemberState) -> u8 {
@@ -193,6 +206,7 @@ impl Array {
                 .map(|rr| crate::bitmap::Bitmap::new(geo.rows(), rr)),
             journal: Mutex::new(1),
             stats: Stats::default(),
+            member_stats: (0..geo.members).map(|_| MemberStats::default()).collect(),
         }
     }
 
@@ -524,8 +538,19 @@ impl Array {
         let results = execute(&drives, ops);
         let mut ok = true;
         for (op, r) in ops.iter().zip(results) {
+            let ms = &self.member_stats[op.member];
+            if r.is_ok() {
+                let (n, b) = if op.is_write() {
+                    (&ms.write_ops, &ms.write_bytes)
+                } else {
+                    (&ms.read_ops, &ms.read_bytes)
+                };
+                n.fetch_add(1, Ordering::Relaxed);
+                b.fetch_add(op.bytes(), Ordering::Relaxed);
+            }
             if let Err(e) = r {
                 ok = false;
+                ms.errors.fetch_add(1, Ordering::Relaxed);
                 self.stats.member_errors.fetch_add(1, Ordering::Relaxed);
                 // Only the drive that failed: by now a spare may hold its slot.
                 if Arc::ptr_eq(&drives[op.member], &self.drives.load()[op.member]) {

@@ -39,6 +39,13 @@ impl<'a> Op<'a> {
             buf: OpBuf::Write(buf),
         }
     }
+    pub fn is_write(&self) -> bool {
+        matches!(self.buf, OpBuf::Write(_))
+    }
+    /// Bytes the op moves.
+    pub fn bytes(&self) -> u64 {
+        self.len() as u64
+    }
     fn len(&self) -> usize {
         match &self.buf {
             OpBuf::Read(b) => b.len(),

@@ -11,7 +11,7 @@ pub mod io;
 pub mod journal;
 pub mod superblock;
 
-pub use engine::{Array, ArrayError};
+pub use engine::{Array, ArrayError, MemberStats};
 pub use geometry::{Geometry, Level};
 pub mod pool;
 

@@ -47,6 +47,19 @@ pub struct PoolView {
     pub info: PoolInfo,
     pub volumes: Vec<VolumeInfo>,
     pub stats: PoolStats,
+    /// I/O of each member slot, in member order.
+    #[serde(default)]
+    pub member_stats: Vec<MemberIo>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+pub struct MemberIo {
+    pub index: usize,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub read_ops: u64,
+    pub write_ops: u64,
+    pub errors: u64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default)]
@@ -193,6 +206,16 @@ impl State {
                 read_ops: s.read_ops.load(Relaxed),
                 write_ops: s.write_ops.load(Relaxed),
             },
+            member_stats: (e.pool.array().member_stats.iter().enumerate())
+                .map(|(index, m)| MemberIo {
+                    index,
+                    read_bytes: m.read_bytes.load(Relaxed),
+                    write_bytes: m.write_bytes.load(Relaxed),
+                    read_ops: m.read_ops.load(Relaxed),
+                    write_ops: m.write_ops.load(Relaxed),
+                    errors: m.errors.load(Relaxed),
+                })
+                .collect(),
         }
     }
 
