@@ -21,6 +21,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -335,13 +336,13 @@ def _row(mode, size, threads, nbytes, secs, baseline="", base_rate=None, **extra
 
 
 def _best(fn, repeat: int) -> tuple:
-    """Run ``fn`` ``repeat`` times; return (best seconds, last result)."""
-    best, res = float("inf"), None
+    """Run ``fn`` ``repeat`` times; return (median seconds, last result)."""
+    times, res = [], None
     for _ in range(repeat):
         t0 = time.perf_counter()
         res = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, res
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), res
 
 
 def whole_file(path: str, threads: int, repeat: int) -> list:
@@ -357,8 +358,16 @@ def whole_file(path: str, threads: int, repeat: int) -> list:
 
         return run
 
-    fio_rate = fio_whole(path, "read", size, threads, _io.DEFAULT_CHUNK)
-    t, _ = _best(cold(lambda: read(path, "cpu", threads=threads)), repeat)
+    fio_rates, cpu_times = [], []
+    for _ in range(repeat):
+        # fio and ours alternate, so drift in the machine's state hits both alike
+        got = fio_whole(path, "read", size, threads, _io.DEFAULT_CHUNK)
+        if got:
+            fio_rates.append(got)
+        t, _ = _best(cold(lambda: read(path, "cpu", threads=threads)), 1)
+        cpu_times.append(t)
+    fio_rate = statistics.median(fio_rates) if fio_rates else None
+    t = statistics.median(cpu_times)
     file_rate = size / t
     rows.append(_row("whole-cpu", size, threads, size, t, "fio" if fio_rate else "", fio_rate))
     t, _ = _best(cold(lambda: np.fromfile(path, dtype=np.uint8)), repeat)
@@ -368,7 +377,8 @@ def whole_file(path: str, threads: int, repeat: int) -> list:
         return rows
     h2d = _gpu.h2d_rate(min(size, 1 << 30))
     rows.append(_row("h2d-pinned", min(size, 1 << 30), 1, 1, 1 / h2d))
-    ref = min(file_rate, h2d)
+    # The file's read rate is fio's where fio ran (independent of us), else our cpu read's.
+    ref = min(fio_rate or file_rate, h2d)
 
     def ours(gds):
         def run():
@@ -421,7 +431,7 @@ def whole_file(path: str, threads: int, repeat: int) -> list:
     return rows
 
 
-def checkpoint_bench(directory: str, gb: float, threads: int) -> list:
+def checkpoint_bench(directory: str, gb: float, threads: int, repeat: int = 1) -> list:
     torch = _gpu.torch_module()
     gpu = torch is not None and torch.cuda.is_available()
     total = int(gb * (1 << 30))
@@ -442,38 +452,44 @@ def checkpoint_bench(directory: str, gb: float, threads: int) -> list:
     bs = 8 << 20
     rows = []
     tool = "fio" if shutil.which("fio") else "dd"
-    if tool == "fio":
-        w_rate = fio_whole(fio_path, "write", nbytes, threads, bs)
-        drop_cache(fio_path)
-        r_rate = fio_whole(fio_path, "read", nbytes, threads, bs)
-    else:
-        w_rate = dd_whole(fio_path, "write", nbytes, bs)
-        drop_cache(fio_path)
-        r_rate = dd_whole(fio_path, "read", nbytes, bs)
-    os.unlink(fio_path)
-    if gpu:
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    size = save_checkpoint(state, path, threads=threads)
-    t_save = time.perf_counter() - t0
+    w_rates, r_rates, saves, loads = [], [], [], []
+    for _ in range(repeat):
+        if tool == "fio":
+            w_rates.append(fio_whole(fio_path, "write", nbytes, threads, bs))
+            drop_cache(fio_path)
+            r_rates.append(fio_whole(fio_path, "read", nbytes, threads, bs))
+        else:
+            w_rates.append(dd_whole(fio_path, "write", nbytes, bs))
+            drop_cache(fio_path)
+            r_rates.append(dd_whole(fio_path, "read", nbytes, bs))
+        os.unlink(fio_path)
+        if gpu:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        size = save_checkpoint(state, path, threads=threads)
+        saves.append(time.perf_counter() - t0)
+        drop_cache(path)
+        t0 = time.perf_counter()
+        loaded = load_checkpoint(path, device="cuda" if gpu else "cpu", threads=threads)
+        if gpu:
+            torch.cuda.synchronize()
+        loads.append(time.perf_counter() - t0)
+    med = statistics.median
+    w_rate, r_rate = med(w_rates), med(r_rates)
     rows.append(
         _row(
             "ckpt-save",
             size,
             threads,
             size,
-            t_save,
+            med(saves),
             f"{tool}-write",
             w_rate,
             source="cuda" if gpu else "numpy",
+            runs=repeat,
         )
     )
-    drop_cache(path)
-    t0 = time.perf_counter()
-    loaded = load_checkpoint(path, device="cuda" if gpu else "cpu", threads=threads)
-    if gpu:
-        torch.cuda.synchronize()
-    t_load = time.perf_counter() - t0
+    t_load = med(loads)
     k = next(iter(state))
     same = (
         bool(torch.equal(loaded[k], state[k]))
@@ -520,6 +536,11 @@ def make_plot(rows: list, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _median_row(rows: list) -> dict:
+    """The run with the median throughput (the lower middle one for an even count)."""
+    return sorted(rows, key=lambda r: r["gbps"])[(len(rows) - 1) // 2]
+
+
 def _gds_usable(path: str) -> str:
     """Empty if cuFile can read ``path``, else why not."""
     cf = _gpu.CuFile.get()
@@ -558,7 +579,13 @@ def main(argv=None) -> int:
     p.add_argument("--create", type=parse_size, help="write FILE with this many random bytes")
     p.add_argument("--whole", action="store_true", help="also time whole-file reads")
     p.add_argument("--whole-threads", type=int, default=8)
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=3, help="runs of each whole-file/checkpoint test")
+    p.add_argument(
+        "--cell-repeat",
+        type=int,
+        default=1,
+        help="runs of each cell (alternating with fio); the median is reported",
+    )
     p.add_argument("--checkpoint-gb", type=float, help="also save/load a state dict this big")
     args = p.parse_args(argv)
 
@@ -597,9 +624,17 @@ def main(argv=None) -> int:
     for mode in modes:
         for size in sizes:
             for th in threads:
-                r = run_cell(mode, args.file, size, th, args.seconds, args.pattern)
-                if mode == "cpu" and use_fio:
-                    fr = fio_cell(args.file, size, th, args.seconds, args.pattern)
+                ours, theirs = [], []
+                for _ in range(args.cell_repeat):
+                    # ours and fio alternate, so drift in the machine's state hits both alike
+                    ours.append(run_cell(mode, args.file, size, th, args.seconds, args.pattern))
+                    if mode == "cpu" and use_fio:
+                        got = fio_cell(args.file, size, th, args.seconds, args.pattern)
+                        if got:
+                            theirs.append(got)
+                r = _median_row(ours)
+                if theirs:
+                    fr = _median_row(theirs)
                     if fr:
                         r.update(
                             baseline="fio", baseline_gbps=fr["gbps"], ratio=r["gbps"] / fr["gbps"]
@@ -618,7 +653,10 @@ def main(argv=None) -> int:
             print(json.dumps(r), flush=True)
     if args.checkpoint_gb:
         for r in checkpoint_bench(
-            os.path.dirname(os.path.abspath(args.file)), args.checkpoint_gb, args.whole_threads
+            os.path.dirname(os.path.abspath(args.file)),
+            args.checkpoint_gb,
+            args.whole_threads,
+            args.repeat,
         ):
             rows.append(r)
             print(json.dumps(r), flush=True)
