@@ -335,10 +335,12 @@ def _row(mode, size, threads, nbytes, secs, baseline="", base_rate=None, **extra
     }
 
 
-def _best(fn, repeat: int) -> tuple:
-    """Run ``fn`` ``repeat`` times; return (median seconds, last result)."""
+def _best(fn, repeat: int, setup=None) -> tuple:
+    """Run ``fn`` ``repeat`` times (``setup`` before each, untimed); (median seconds, result)."""
     times, res = [], None
     for _ in range(repeat):
+        if setup is not None:
+            setup()
         t0 = time.perf_counter()
         res = fn()
         times.append(time.perf_counter() - t0)
@@ -351,12 +353,8 @@ def whole_file(path: str, threads: int, repeat: int) -> list:
     size = os.path.getsize(path)
     rows = []
 
-    def cold(fn):
-        def run():
-            drop_cache(path)
-            return fn()
-
-        return run
+    def evict():
+        drop_cache(path)
 
     fio_rates, cpu_times = [], []
     for _ in range(repeat):
@@ -364,13 +362,13 @@ def whole_file(path: str, threads: int, repeat: int) -> list:
         got = fio_whole(path, "read", size, threads, _io.DEFAULT_CHUNK)
         if got:
             fio_rates.append(got)
-        t, _ = _best(cold(lambda: read(path, "cpu", threads=threads)), 1)
+        t, _ = _best(lambda: read(path, "cpu", threads=threads), 1, evict)
         cpu_times.append(t)
     fio_rate = statistics.median(fio_rates) if fio_rates else None
     t = statistics.median(cpu_times)
     file_rate = size / t
     rows.append(_row("whole-cpu", size, threads, size, t, "fio" if fio_rate else "", fio_rate))
-    t, _ = _best(cold(lambda: np.fromfile(path, dtype=np.uint8)), repeat)
+    t, _ = _best(lambda: np.fromfile(path, dtype=np.uint8), repeat, evict)
     rows.append(_row("whole-naive-numpy", size, 1, size, t, "whole-cpu", file_rate))
     gpu = torch is not None and torch.cuda.is_available()
     if not gpu:
@@ -393,9 +391,9 @@ def whole_file(path: str, threads: int, repeat: int) -> list:
         torch.cuda.synchronize()
         return x
 
-    t_naive, _ = _best(cold(naive), repeat)
+    t_naive, _ = _best(naive, repeat, evict)
     rows.append(_row("whole-naive-torch", size, 1, size, t_naive, "min(file,h2d)", ref))
-    t, x = _best(cold(ours(False)), repeat)
+    t, x = _best(ours(False), repeat, evict)
     ok = bool(
         torch.equal(x[: 1 << 20].cpu(), torch.from_numpy(np.fromfile(path, np.uint8, 1 << 20)))
     )
@@ -414,7 +412,7 @@ def whole_file(path: str, threads: int, repeat: int) -> list:
     )
     del x
     if not _gds_usable(path):
-        t, x = _best(cold(ours(True)), repeat)
+        t, x = _best(ours(True), repeat, evict)
         rows.append(
             _row(
                 "whole-gds",
