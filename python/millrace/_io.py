@@ -26,6 +26,7 @@ from .errors import MillraceError, TruncatedFileError
 ALIGN = 4096
 DEFAULT_CHUNK = 4 << 20
 DEFAULT_THREADS = 8
+PREALLOCATE = True  # posix_fallocate new output files before writing them
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 
@@ -254,6 +255,8 @@ class OutputFile:
                 self.fd_direct = -1
         # Reserve the blocks up front (fewer extents, early ENOSPC) where supported.
         try:
+            if not PREALLOCATE:
+                raise AttributeError
             if size:
                 os.posix_fallocate(self.fd_buffered, 0, size)
         except (OSError, AttributeError):
