@@ -209,5 +209,26 @@ fuzz_target!(|input: &[u8]| {
         return;
     };
     let w = world();
-    w.rt.block_on(session(w, mode, rest));
+    // MILLRACE_FUZZ_REPEAT=N replays each input N times and reports the resident memory, to
+    // tell state the target keeps per connection from the fuzzer's own growth.
+    let repeat: usize = std::env::var("MILLRACE_FUZZ_REPEAT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    for i in 0..repeat {
+        w.rt.block_on(session(w, mode, rest));
+        if repeat > 1 && (i + 1) % (repeat / 10).max(1) == 0 {
+            let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+            let pages: u64 = statm
+                .split(' ')
+                .nth(1)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            eprintln!(
+                "after {} sessions: {} MiB resident",
+                i + 1,
+                pages * 4096 >> 20
+            );
+        }
+    }
 });
