@@ -95,6 +95,46 @@ impl<T: serde::de::DeserializeOwned, St: Send + Sync> axum::extract::FromRequest
     }
 }
 
+/// Query strings whose problems come back as our 400 sentence.
+pub struct Q<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned, St: Send + Sync> axum::extract::FromRequestParts<St> for Q<T> {
+    type Rejection = ApiError;
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        st: &St,
+    ) -> Result<Self, ApiError> {
+        match Query::<T>::from_request_parts(parts, st).await {
+            Ok(Query(v)) => Ok(Q(v)),
+            Err(e) => Err(ApiError::bad_request(format!(
+                "the query string is not what this call takes: {}; /api/v1/openapi.json lists its parameters",
+                e.body_text()
+            ))),
+        }
+    }
+}
+
+/// Path parameters whose problems come back as our 400 sentence.
+pub struct P<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned + Send, St: Send + Sync> axum::extract::FromRequestParts<St>
+    for P<T>
+{
+    type Rejection = ApiError;
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        st: &St,
+    ) -> Result<Self, ApiError> {
+        match Path::<T>::from_request_parts(parts, st).await {
+            Ok(Path(v)) => Ok(P(v)),
+            Err(e) => Err(ApiError::bad_request(format!(
+                "the path is not what this call takes: {}; /api/v1/openapi.json lists the calls",
+                e.body_text()
+            ))),
+        }
+    }
+}
+
 pub fn router(state: Arc<State>, token: Option<String>) -> Router {
     let api = Router::new()
         .route("/api/v1/status", get(status))
@@ -134,6 +174,11 @@ pub fn router(state: Arc<State>, token: Option<String>) -> Router {
         .route(
             "/api/v1/exports/nbd/{pool}/{vol}",
             axum::routing::delete(remove_nbd),
+        )
+        .route("/api/v1/shares", get(shares).post(create_share))
+        .route(
+            "/api/v1/shares/{pool}/{vol}",
+            axum::routing::delete(delete_share),
         )
         .route("/api/v1/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
@@ -232,7 +277,7 @@ async fn pools(AxState(s): S) -> R {
     .await
 }
 
-async fn pool(AxState(s): S, Path(p): Path<String>) -> R {
+async fn pool(AxState(s): S, P(p): P<String>) -> R {
     blocking(move || to_json(s.pool_view(&*s.entry(&p)?))).await
 }
 
@@ -267,8 +312,8 @@ struct DataQuery {
 
 async fn read_data(
     AxState(s): S,
-    Path(p): Path<String>,
-    Query(q): Query<DataQuery>,
+    P(p): P<String>,
+    Q(q): Q<DataQuery>,
 ) -> Result<Response, ApiError> {
     let Some(len) = q.length else {
         return Err(ApiError::bad_request(
@@ -281,8 +326,8 @@ async fn read_data(
 
 async fn write_data(
     AxState(s): S,
-    Path(p): Path<String>,
-    Query(q): Query<DataQuery>,
+    P(p): P<String>,
+    Q(q): Q<DataQuery>,
     body: axum::body::Bytes,
 ) -> R {
     let n = body.len();
@@ -293,7 +338,7 @@ async fn write_data(
     .await
 }
 
-async fn destroy_pool(AxState(s): S, Path(p): Path<String>) -> R {
+async fn destroy_pool(AxState(s): S, P(p): P<String>) -> R {
     blocking(move || {
         s.destroy_pool(&p)?;
         Ok(Json(json!({ "destroyed": p })))
@@ -308,11 +353,11 @@ struct PathReq {
     force: bool,
 }
 
-async fn fail(AxState(s): S, Path(p): Path<String>, Body(r): Body<PathReq>) -> R {
+async fn fail(AxState(s): S, P(p): P<String>, Body(r): Body<PathReq>) -> R {
     blocking(move || Ok(Json(json!({ "message": s.fail(&p, &r.path)? })))).await
 }
 
-async fn add_spare(AxState(s): S, Path(p): Path<String>, Body(r): Body<PathReq>) -> R {
+async fn add_spare(AxState(s): S, P(p): P<String>, Body(r): Body<PathReq>) -> R {
     blocking(move || {
         Ok(Json(
             json!({ "message": s.add_spare(&p, &r.path, r.force)? }),
@@ -330,7 +375,7 @@ struct ReplaceReq {
     rate_bytes_per_sec: Option<u64>,
 }
 
-async fn replace(AxState(s): S, Path(p): Path<String>, Body(r): Body<ReplaceReq>) -> R {
+async fn replace(AxState(s): S, P(p): P<String>, Body(r): Body<ReplaceReq>) -> R {
     blocking(move || {
         let (m, job) = s.replace(&p, &r.old, &r.new, r.force, r.rate_bytes_per_sec)?;
         Ok(Json(json!({ "message": m, "job": job })))
@@ -346,7 +391,7 @@ struct ScrubReq {
 
 async fn scrub(
     AxState(s): S,
-    Path(p): Path<String>,
+    P(p): P<String>,
     Body(r): Body<ScrubReq>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let id = blocking(move || s.scrub(&p, r.repair)).await?;
@@ -358,7 +403,7 @@ struct RebuildReq {
     rate_bytes_per_sec: Option<u64>,
 }
 
-async fn rebuild(AxState(s): S, Path(p): Path<String>, Body(r): Body<RebuildReq>) -> R {
+async fn rebuild(AxState(s): S, P(p): P<String>, Body(r): Body<RebuildReq>) -> R {
     blocking(move || Ok(Json(json!({ "job": s.rebuild(&p, r.rate_bytes_per_sec)? })))).await
 }
 
@@ -366,7 +411,7 @@ async fn jobs(AxState(s): S) -> R {
     to_json(json!({ "jobs": s.jobs.list() }))
 }
 
-async fn job(AxState(s): S, Path(id): Path<u64>) -> R {
+async fn job(AxState(s): S, P(id): P<u64>) -> R {
     match s.jobs.get(id) {
         Some(j) => to_json(j),
         None => Err(ApiError::not_found(format!(
@@ -375,7 +420,7 @@ async fn job(AxState(s): S, Path(id): Path<u64>) -> R {
     }
 }
 
-async fn volumes(AxState(s): S, Path(p): Path<String>) -> R {
+async fn volumes(AxState(s): S, P(p): P<String>) -> R {
     blocking(move || to_json(json!({ "volumes": s.entry(&p)?.volumes.list() }))).await
 }
 
@@ -389,14 +434,14 @@ struct CreateVolume {
 
 async fn create_volume(
     AxState(s): S,
-    Path(p): Path<String>,
+    P(p): P<String>,
     Body(r): Body<CreateVolume>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let v = blocking(move || to_json(s.create_volume(&p, &r.name, r.size_bytes, r.force)?)).await?;
     Ok((StatusCode::CREATED, v))
 }
 
-async fn volume(AxState(s): S, Path((p, v)): Path<(String, String)>) -> R {
+async fn volume(AxState(s): S, P((p, v)): P<(String, String)>) -> R {
     blocking(move || to_json(s.volume(&p, &v)?.1)).await
 }
 
@@ -407,13 +452,13 @@ struct GrowVolume {
 
 async fn grow_volume(
     AxState(s): S,
-    Path((p, v)): Path<(String, String)>,
+    P((p, v)): P<(String, String)>,
     Body(r): Body<GrowVolume>,
 ) -> R {
     blocking(move || to_json(s.grow_volume(&p, &v, r.size_bytes)?)).await
 }
 
-async fn delete_volume(AxState(s): S, Path((p, v)): Path<(String, String)>) -> R {
+async fn delete_volume(AxState(s): S, P((p, v)): P<(String, String)>) -> R {
     blocking(move || {
         s.delete_volume(&p, &v)?;
         Ok(Json(json!({ "deleted": format!("{p}/{v}") })))
@@ -447,7 +492,7 @@ async fn add_nvme(
     Ok((StatusCode::CREATED, v))
 }
 
-async fn remove_nvme(AxState(s): S, Path((p, v)): Path<(String, String)>) -> R {
+async fn remove_nvme(AxState(s): S, P((p, v)): P<(String, String)>) -> R {
     blocking(move || {
         s.remove_nvme_export(&p, &v)?;
         Ok(Json(json!({ "removed": format!("{p}/{v}") })))
@@ -477,10 +522,57 @@ async fn add_nbd(
     Ok((StatusCode::CREATED, v))
 }
 
-async fn remove_nbd(AxState(s): S, Path((p, v)): Path<(String, String)>) -> R {
+async fn remove_nbd(AxState(s): S, P((p, v)): P<(String, String)>) -> R {
     blocking(move || {
         s.remove_nbd_export(&p, &v)?;
         Ok(Json(json!({ "removed": format!("{p}/{v}") })))
+    })
+    .await
+}
+
+async fn shares(AxState(s): S) -> R {
+    blocking(move || to_json(json!({ "shares": s.list_shares() }))).await
+}
+
+#[derive(Deserialize)]
+struct ShareReq {
+    pool: String,
+    volume: String,
+    size_bytes: u64,
+    clients: Vec<String>,
+    /// NFS `sync` unless asked otherwise: acknowledged writes survive a crash.
+    #[serde(default = "yes")]
+    sync: bool,
+    #[serde(default = "yes")]
+    root_squash: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+async fn create_share(
+    AxState(s): S,
+    Body(r): Body<ShareReq>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let v = blocking(move || {
+        to_json(s.create_share(
+            &r.pool,
+            &r.volume,
+            r.size_bytes,
+            r.clients,
+            r.sync,
+            r.root_squash,
+        )?)
+    })
+    .await?;
+    Ok((StatusCode::CREATED, v))
+}
+
+async fn delete_share(AxState(s): S, P((p, v)): P<(String, String)>) -> R {
+    blocking(move || {
+        s.delete_share(&p, &v)?;
+        Ok(Json(json!({ "deleted": format!("{p}/{v}") })))
     })
     .await
 }

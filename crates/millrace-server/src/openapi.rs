@@ -45,6 +45,28 @@ pub fn document() -> Value {
     let string = json!({"type": "string"});
     let strings = json!({"type": "array", "items": {"type": "string"}});
     let job = obj(json!({"job": int}), &["job"]);
+    let query = |name: &str, desc: &str| json!({"name": name, "in": "query", "required": true, "description": desc, "schema": {"type": "integer", "minimum": 0}});
+    let errors = json!({"400": err(), "401": err(), "404": err(), "409": err()});
+    let mut read_resp = errors.clone();
+    read_resp["200"] = json!({"description": "The bytes", "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}});
+    let mut write_resp = errors.clone();
+    write_resp["200"] = ok(
+        "Written and flushed",
+        obj(json!({"written": int}), &["written"]),
+    );
+    let data = json!({
+        "get": {
+            "summary": "Read raw bytes of a pool (at most 64 MiB a call)",
+            "parameters": [param("pool"), query("offset", "Byte offset in the pool"), query("length", "How many bytes")],
+            "responses": read_resp,
+        },
+        "put": {
+            "summary": "Write raw bytes to a pool (at most 64 MiB a call); durable when answered",
+            "parameters": [param("pool"), query("offset", "Byte offset in the pool")],
+            "requestBody": {"required": true, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+            "responses": write_resp,
+        },
+    });
     json!({
         "openapi": "3.0.3",
         "info": {
@@ -62,6 +84,8 @@ pub fn document() -> Value {
                 "get": op("One pool: geometry, state, members, volumes, counters", &["pool"], None, "200", ok("The pool", r("Pool"))),
                 "delete": op("Destroy a pool (refused while it exports volumes)", &["pool"], None, "200", ok("Done", obj(json!({"destroyed": string}), &["destroyed"]))),
             },
+            "/api/v1/pools/import": {"post": op("Assemble and serve the pools found on these drives", &[], Some(obj(json!({"drives": strings, "force": {"type": "boolean"}}), &["drives"])), "200", ok("The pools found", obj(json!({"pools": {"type": "array", "items": r("Pool")}, "notes": strings}), &["pools", "notes"])))},
+            "/api/v1/pools/{pool}/data": data,
             "/api/v1/pools/{pool}/fail": {"post": op("Take a member out of service", &["pool"], Some(r("PathRequest")), "200", ok("Done", r("Message")))},
             "/api/v1/pools/{pool}/spares": {"post": op("Add a hot spare", &["pool"], Some(r("PathRequest")), "200", ok("Done", r("Message")))},
             "/api/v1/pools/{pool}/replace": {"post": op("Replace a member and rebuild onto the new drive", &["pool"], Some(obj(json!({"old": string, "new": string, "force": {"type": "boolean"}, "rate_bytes_per_sec": {"type": "integer", "minimum": 0, "nullable": true}}), &["old", "new"])), "200", ok("Started", obj(json!({"message": string, "job": {"type": "integer", "nullable": true}}), &["message"])))},

@@ -342,8 +342,9 @@ impl State {
     }
 
     pub fn destroy_pool(&self, name: &str) -> Result<(), ApiError> {
-        let e = self.entry(name)?;
-        if let Some(v) = e.volumes.list().iter().find(|v| exports::is_exported(v)) {
+        // A reference of our own would keep the entry shared and make the unwrap below fail.
+        let volumes = self.entry(name)?.volumes.list();
+        if let Some(v) = volumes.iter().find(|v| exports::is_exported(v)) {
             return Err(ApiError::conflict(format!(
                 "pool {name} still exports volume {}; remove its exports first (`millrace export ... remove {name}/{}`)",
                 v.name, v.name

@@ -1,0 +1,541 @@
+//! The HTTP API over real HTTP: each test starts `millrace_server::run` on an ephemeral port
+//! with a home of its own, then talks to it with ureq as any client would.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+struct Server {
+    url: String,
+    dir: tempfile::TempDir,
+    agent: ureq::Agent,
+    token: Option<String>,
+}
+
+/// Starts a server on 127.0.0.1:0 in a runtime of its own; it lives as long as the test process.
+fn start(token: Option<&str>) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let cfg = millrace_server::ServeConfig {
+        home: home.clone(),
+        api: "127.0.0.1:0".parse().unwrap(),
+        nvme: None,
+        discovery_port: None,
+        nbd_listen: None,
+        token: token.map(str::to_string),
+    };
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        if let Err(e) = rt.block_on(millrace_server::run(cfg)) {
+            panic!("the server stopped: {e:#}");
+        }
+    });
+    let sf = millrace_server::server_file(&home);
+    let t0 = Instant::now();
+    let url = loop {
+        if let Ok(text) = std::fs::read_to_string(&sf) {
+            if let Ok(f) = serde_json::from_str::<millrace_server::ServerFile>(&text) {
+                break f.url;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into();
+    Server {
+        url,
+        dir,
+        agent,
+        token: token.map(str::to_string),
+    }
+}
+
+type Resp = ureq::http::Response<ureq::Body>;
+
+impl Server {
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+    fn auth<B>(&self, r: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
+        match &self.token {
+            Some(t) => r.header("Authorization", &format!("Bearer {t}")),
+            None => r,
+        }
+    }
+    fn get(&self, p: &str) -> (u16, Value) {
+        json_of(self.auth(self.agent.get(format!("{}{p}", self.url))).call())
+    }
+    fn delete(&self, p: &str) -> (u16, Value) {
+        json_of(
+            self.auth(self.agent.delete(format!("{}{p}", self.url)))
+                .call(),
+        )
+    }
+    fn post(&self, p: &str, body: Value) -> (u16, Value) {
+        json_of(
+            self.auth(self.agent.post(format!("{}{p}", self.url)))
+                .send_json(&body),
+        )
+    }
+    fn patch(&self, p: &str, body: Value) -> (u16, Value) {
+        json_of(
+            self.auth(self.agent.patch(format!("{}{p}", self.url)))
+                .send_json(&body),
+        )
+    }
+    fn post_raw(&self, p: &str, body: &str) -> (u16, Value) {
+        json_of(
+            self.auth(self.agent.post(format!("{}{p}", self.url)))
+                .header("Content-Type", "application/json")
+                .send(body),
+        )
+    }
+    fn text(&self, p: &str) -> (u16, String) {
+        let mut r = self
+            .auth(self.agent.get(format!("{}{p}", self.url)))
+            .call()
+            .unwrap();
+        (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
+    }
+
+    /// Six 32 MiB drive files in a RAID 6 pool named `name`.
+    fn create_pool(&self, name: &str) -> Value {
+        let drives: Vec<String> = (0..6)
+            .map(|i| self.path(&format!("{name}-{i}.img")).display().to_string())
+            .collect();
+        let (st, v) = self.post(
+            "/api/v1/pools",
+            json!({"name": name, "level": "raid6", "strip_bytes": 65536, "drives": drives, "create_size_bytes": 32u64 << 20}),
+        );
+        assert_eq!(st, 201, "creating the pool: {v}");
+        v
+    }
+
+    fn wait_job(&self, id: u64) -> Value {
+        let t0 = Instant::now();
+        loop {
+            let (st, j) = self.get(&format!("/api/v1/jobs/{id}"));
+            assert_eq!(st, 200, "{j}");
+            if j["state"] != "running" {
+                return j;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "job {id} still runs: {j}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn json_of(r: Result<Resp, ureq::Error>) -> (u16, Value) {
+    let mut r = r.expect("the server answers");
+    let status = r.status().as_u16();
+    let text = r.body_mut().read_to_string().unwrap();
+    let v = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("HTTP {status}: the body is not JSON ({e}): {text:?}"));
+    (status, v)
+}
+
+/// A refusal: the status asked for, and a sentence in `error`.
+fn refused(r: (u16, Value), status: u16) -> String {
+    assert_eq!(r.0, status, "expected HTTP {status}, got {}: {}", r.0, r.1);
+    let msg = r.1["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error sentence in {}", r.1))
+        .to_string();
+    assert!(msg.len() > 10, "a terse error: {msg:?}");
+    msg
+}
+
+#[test]
+fn pools_volumes_exports_and_data_round_trip() {
+    let s = start(None);
+    let pool = s.create_pool("tank");
+    assert_eq!(pool["state"], "online");
+    assert_eq!(pool["members"].as_array().unwrap().len(), 6);
+    let size = pool["size_bytes"].as_u64().unwrap();
+    assert!(size >= 4 * (30 << 20), "{pool}");
+
+    // Raw bytes at the end of the pool (clear of the volume table at its start) read back.
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + i / 4096) as u8).collect();
+    let off = size - data.len() as u64 - 4096;
+    let mut r = s
+        .agent
+        .put(format!("{}/api/v1/pools/tank/data?offset={off}", s.url))
+        .send(&data[..])
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        200,
+        "{}",
+        r.body_mut().read_to_string().unwrap()
+    );
+    let mut r = s
+        .agent
+        .get(format!(
+            "{}/api/v1/pools/tank/data?offset={off}&length={}",
+            s.url,
+            data.len()
+        ))
+        .call()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let back = r
+        .body_mut()
+        .with_config()
+        .limit(4 << 20)
+        .read_to_vec()
+        .unwrap();
+    assert!(
+        back == data,
+        "the bytes read back differ from those written"
+    );
+    refused(
+        s.get(&format!(
+            "/api/v1/pools/tank/data?offset={}&length=8192",
+            size - 4096
+        )),
+        400,
+    );
+    let (_, p) = s.get("/api/v1/pools/tank");
+    assert!(p["stats"]["write_bytes"].as_u64().unwrap() >= data.len() as u64);
+    let member_written: u64 = p["member_stats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["write_bytes"].as_u64().unwrap())
+        .sum();
+    // RAID 6 writes the data and two parities.
+    assert!(member_written >= data.len() as u64 * 6 / 4, "{p}");
+
+    // Volumes: create, refuse a twin, grow, read, delete.
+    let (st, v) = s.post(
+        "/api/v1/pools/tank/volumes",
+        json!({"name": "v", "size_bytes": 8u64 << 20}),
+    );
+    assert_eq!(st, 201, "{v}");
+    assert!(v["size_bytes"].as_u64().unwrap() >= 8 << 20);
+    refused(
+        s.post(
+            "/api/v1/pools/tank/volumes",
+            json!({"name": "v", "size_bytes": 1u64 << 20}),
+        ),
+        409,
+    );
+    let (st, v) = s.patch(
+        "/api/v1/pools/tank/volumes/v",
+        json!({"size_bytes": 16u64 << 20}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert!(v["size_bytes"].as_u64().unwrap() >= 16 << 20);
+    let (_, v) = s.get("/api/v1/pools/tank/volumes/v");
+    assert!(v["size_bytes"].as_u64().unwrap() >= 16 << 20);
+    refused(s.get("/api/v1/pools/tank/volumes/nope"), 404);
+
+    // Exports: NVMe/TCP is closed unless hosts are named.
+    let msg = refused(
+        s.post(
+            "/api/v1/exports/nvme",
+            json!({"pool": "tank", "volume": "v"}),
+        ),
+        400,
+    );
+    assert!(msg.contains("host"), "{msg}");
+    let host = "nqn.2014-08.org.nvmexpress:uuid:0f0e0d0c-0b0a-0908-0706-050403020100";
+    let (st, e) = s.post(
+        "/api/v1/exports/nvme",
+        json!({"pool": "tank", "volume": "v", "hosts": [host]}),
+    );
+    assert_eq!(st, 201, "{e}");
+    let (_, ex) = s.get("/api/v1/exports");
+    assert_eq!(ex["nvme"][0]["volume"], "v");
+    assert_eq!(ex["nvme"][0]["hosts"][0], host);
+    let msg = refused(s.delete("/api/v1/pools/tank/volumes/v"), 409);
+    assert!(msg.contains("export"), "{msg}");
+    refused(s.delete("/api/v1/pools/tank"), 409);
+    let (st, _) = s.delete("/api/v1/exports/nvme/tank/v");
+    assert_eq!(st, 200);
+    let (st, _) = s.delete("/api/v1/pools/tank/volumes/v");
+    assert_eq!(st, 200);
+    refused(s.get("/api/v1/pools/tank/volumes/v"), 404);
+
+    // A scrub runs to its end; then a member fails and the pool runs degraded.
+    let (st, j) = s.post("/api/v1/pools/tank/scrub", json!({"repair": false}));
+    assert_eq!(st, 202, "{j}");
+    let j = s.wait_job(j["job"].as_u64().unwrap());
+    assert_eq!(j["state"], "done", "{j}");
+    assert_eq!(j["kind"], "scrub");
+    assert!(j["result"]["rows_checked"].as_u64().unwrap() > 0, "{j}");
+    assert_eq!(j["result"]["mismatches"], 0, "{j}");
+
+    let failed = s.path("tank-2.img").display().to_string();
+    let (st, m) = s.post("/api/v1/pools/tank/fail", json!({"path": failed}));
+    assert_eq!(st, 200, "{m}");
+    let (_, p) = s.get("/api/v1/pools/tank");
+    assert_eq!(p["state"], "degraded", "{p}");
+    assert_eq!(p["members"][2]["state"], "faulty", "{p}");
+    refused(
+        s.post("/api/v1/pools/tank/fail", json!({"path": "/no/such/drive"})),
+        400,
+    );
+    // The data is still there, rebuilt from parity.
+    let mut r = s
+        .agent
+        .get(format!(
+            "{}/api/v1/pools/tank/data?offset={off}&length={}",
+            s.url,
+            data.len()
+        ))
+        .call()
+        .unwrap();
+    let back = r
+        .body_mut()
+        .with_config()
+        .limit(4 << 20)
+        .read_to_vec()
+        .unwrap();
+    assert!(back == data, "degraded reads differ from what was written");
+
+    let (st, m) = s.text("/metrics");
+    assert_eq!(st, 200);
+    assert!(
+        m.contains(r#"millrace_pool_state{pool="tank",state="degraded"} 1"#),
+        "{m}"
+    );
+    assert!(m.contains(&format!(
+        r#"millrace_member_state{{pool="tank",member="2",path="{failed}",state="faulty"}} 1"#
+    )));
+    assert!(m.contains("millrace_member_write_bytes_total{"), "{m}");
+    assert!(m.contains("millrace_pool_read_bytes_total{"), "{m}");
+
+    // A spare takes the failed member's place and is rebuilt.
+    let spare = s.path("spare.img");
+    std::fs::File::create(&spare)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    let (st, m) = s.post(
+        "/api/v1/pools/tank/spares",
+        json!({"path": spare.display().to_string()}),
+    );
+    assert_eq!(st, 200, "{m}");
+    let (_, jobs) = s.get("/api/v1/jobs");
+    let rebuild = jobs["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["kind"] == "rebuild")
+        .unwrap_or_else(|| panic!("no rebuild started: {jobs}"))
+        .clone();
+    let j = s.wait_job(rebuild["id"].as_u64().unwrap());
+    assert_eq!(j["state"], "done", "{j}");
+    let (_, p) = s.get("/api/v1/pools/tank");
+    assert_eq!(p["state"], "online", "{p}");
+
+    // Destroying the pool leaves nothing served.
+    let (st, v) = s.delete("/api/v1/pools/tank");
+    assert_eq!(st, 200, "{v}");
+    refused(s.get("/api/v1/pools/tank"), 404);
+}
+
+fn untouched(paths: &[PathBuf], pattern: u8) {
+    for p in paths {
+        let b = std::fs::read(p).unwrap();
+        assert!(
+            b.iter().all(|&x| x == pattern),
+            "{} was written to by a refused request",
+            p.display()
+        );
+    }
+}
+
+#[test]
+fn bad_requests_are_400_sentences_and_change_nothing() {
+    let s = start(None);
+    // Drives holding something: a refused create must leave them as they are.
+    let drives: Vec<PathBuf> = (0..6).map(|i| s.path(&format!("d{i}.img"))).collect();
+    for d in &drives {
+        std::fs::write(d, vec![0xA5u8; 4 << 20]).unwrap();
+    }
+    let names: Vec<String> = drives.iter().map(|d| d.display().to_string()).collect();
+
+    let msg = refused(s.post_raw("/api/v1/pools", "{\"name\": \"x\", "), 400);
+    assert!(msg.contains("request body"), "{msg}");
+    refused(
+        s.post_raw("/api/v1/pools", r#"{"name": "x", "level": 5}"#),
+        400,
+    );
+    let msg = refused(
+        s.post(
+            "/api/v1/pools",
+            json!({"name": "x", "level": "raid7", "drives": names}),
+        ),
+        400,
+    );
+    assert!(msg.contains("raid7"), "{msg}");
+    // RAID 6 needs four drives at least.
+    refused(
+        s.post(
+            "/api/v1/pools",
+            json!({"name": "x", "level": "raid6", "drives": names[..2]}),
+        ),
+        400,
+    );
+    // The same drive twice.
+    refused(
+        s.post(
+            "/api/v1/pools",
+            json!({"name": "x", "level": "raid5", "drives": [names[0], names[1], names[0]]}),
+        ),
+        400,
+    );
+    // One drive missing, not created: the others are not touched either.
+    let missing = s.path("missing.img");
+    let mut some = names[..4].to_vec();
+    some.push(missing.display().to_string());
+    refused(
+        s.post(
+            "/api/v1/pools",
+            json!({"name": "x", "level": "raid5", "drives": some}),
+        ),
+        400,
+    );
+    assert!(!missing.exists());
+    // Geometry that cannot be: a strip that is not a power of two.
+    refused(
+        s.post(
+            "/api/v1/pools",
+            json!({"name": "x", "level": "raid5", "strip_bytes": 3000, "drives": names}),
+        ),
+        400,
+    );
+    untouched(&drives, 0xA5);
+    let (_, pools) = s.get("/api/v1/pools");
+    assert_eq!(pools["pools"], json!([]), "a refused create left a pool");
+
+    // Query strings and paths: our JSON sentences, not axum's plain text.
+    s.create_pool("p");
+    let msg = refused(s.get("/api/v1/pools/p/data?offset=abc&length=4"), 400);
+    assert!(msg.contains("query"), "{msg}");
+    refused(s.get("/api/v1/pools/p/data?length=4"), 400);
+    refused(s.get("/api/v1/pools/p/data?offset=0"), 400);
+    let msg = refused(s.get("/api/v1/jobs/not-a-number"), 400);
+    assert!(msg.contains("path"), "{msg}");
+    refused(s.get("/api/v1/jobs/99999"), 404);
+    refused(s.get("/api/v1/no/such/call"), 404);
+    refused(
+        s.post(
+            "/api/v1/pools/p/volumes",
+            json!({"name": "big", "size_bytes": 1u64 << 50}),
+        ),
+        400,
+    );
+    refused(s.post("/api/v1/pools/p/volumes", json!({"name": "v"})), 400);
+    let (_, vols) = s.get("/api/v1/pools/p/volumes");
+    assert_eq!(vols["volumes"], json!([]));
+    refused(
+        s.post(
+            "/api/v1/exports/nvme",
+            json!({"pool": "p", "volume": "nope", "hosts": ["nqn.2014-08.org.nvmexpress:uuid:1"]}),
+        ),
+        404,
+    );
+    let (_, ex) = s.get("/api/v1/exports");
+    assert_eq!(ex["nvme"], json!([]));
+}
+
+#[test]
+fn a_token_guards_the_api_but_not_the_page() {
+    let mut s = start(Some("s3cret-token"));
+    s.token = None;
+    let msg = refused(s.get("/api/v1/pools"), 401);
+    assert!(msg.contains("token"), "{msg}");
+    let r = s
+        .agent
+        .get(format!("{}/api/v1/status", s.url))
+        .call()
+        .unwrap();
+    assert_eq!(
+        r.headers().get("www-authenticate").unwrap(),
+        "Bearer",
+        "missing token: no WWW-Authenticate"
+    );
+    refused(s.get("/metrics"), 401);
+    s.token = Some("wrong".into());
+    let msg = refused(s.get("/api/v1/pools"), 401);
+    assert!(msg.contains("wrong"), "{msg}");
+    let before = std::fs::read_dir(s.dir.path()).unwrap().count();
+    refused(
+        s.post(
+            "/api/v1/pools",
+            json!({"name": "x", "level": "raid5", "drives": ["/tmp/a", "/tmp/b", "/tmp/c"], "create_size_bytes": 1u64 << 20}),
+        ),
+        401,
+    );
+    assert_eq!(std::fs::read_dir(s.dir.path()).unwrap().count(), before);
+    s.token = Some("s3cret-token".into());
+    let (st, v) = s.get("/api/v1/pools");
+    assert_eq!(st, 200, "{v}");
+    let (st, _) = s.text("/metrics");
+    assert_eq!(st, 200);
+    // The page holds no data and loads without the token; it asks for one when the API does.
+    s.token = None;
+    let (st, page) = s.text("/");
+    assert_eq!(st, 200);
+    assert!(
+        page.contains("Authorization"),
+        "the page never sends a token"
+    );
+}
+
+/// Every call the OpenAPI document lists is routed (none answers our 404 "no such API call"),
+/// and every response it names has a JSON schema.
+#[test]
+fn every_documented_call_is_routed() {
+    let s = start(None);
+    let (st, doc) = s.get("/api/v1/openapi.json");
+    assert_eq!(st, 200);
+    assert_eq!(doc["openapi"], "3.0.3");
+    let paths = doc["paths"].as_object().unwrap();
+    assert!(paths.len() >= 15, "{}", paths.len());
+    for (path, ops) in paths {
+        let concrete = path
+            .replace("{pool}", "nopool")
+            .replace("{vol}", "novol")
+            .replace("{id}", "424242");
+        for (method, op) in ops.as_object().unwrap() {
+            assert!(op["responses"].is_object(), "{method} {path}: no responses");
+            let url = format!("{}{concrete}", s.url);
+            let r = match method.as_str() {
+                "get" => s.agent.get(&url).call(),
+                "delete" => s.agent.delete(&url).call(),
+                "post" => s.agent.post(&url).send_json(json!({})),
+                "patch" => s.agent.patch(&url).send_json(json!({})),
+                "put" => s.agent.put(&url).send(&b""[..]),
+                m => panic!("{m} {path}: a method the test does not know"),
+            };
+            let (status, body) = json_of(r);
+            let documented = op["responses"].get(status.to_string()).is_some();
+            assert!(
+                documented,
+                "{method} {path} answered {status}, which the document does not list: {body}"
+            );
+            assert!(
+                !body["error"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("no such API call"),
+                "{method} {path} is documented but not routed"
+            );
+        }
+    }
+}
