@@ -374,7 +374,8 @@ def whole_file(path: str, threads: int, repeat: int) -> list:
     if not gpu:
         return rows
     h2d = _gpu.h2d_rate(min(size, 1 << 30))
-    rows.append(_row("h2d-pinned", min(size, 1 << 30), 1, 1, 1 / h2d))
+    n = min(size, 1 << 30)
+    rows.append(_row("h2d-pinned", n, 1, n, n / h2d))
     # The file's read rate is fio's where fio ran (independent of us), else our cpu read's.
     ref = min(fio_rate or file_rate, h2d)
 
