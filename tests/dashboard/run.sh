@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The dashboard in headless Chromium (Debian's chromium, driven by playwright-core): a pool of
+# six drive files, `millrace serve` on free ports, then dashboard.test.js. Installs
+# playwright-core here (npm) when missing; builds the CLI. The screenshot lands in
+# bench-out/dashboard/ (or $DASHBOARD_OUT).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+cd "$root"
+
+chromium=${CHROMIUM:-/usr/bin/chromium}
+if [[ ! -x $chromium ]]; then
+  echo "dashboard test: $chromium is missing; install Debian's chromium (scripts/setup.sh does, or apt-get install chromium)" >&2
+  exit 1
+fi
+if [[ ! -d $here/node_modules/playwright-core ]]; then
+  (cd "$here" && npm install --no-audit --no-fund --loglevel=error)
+fi
+cargo build -p millrace-cli -q
+bin=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug/millrace
+
+tmp=$(mktemp -d)
+server=""
+cleanup() {
+  if [[ -n $server ]]; then
+    kill "$server" 2>/dev/null || true
+    wait "$server" 2>/dev/null || true
+  fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+export MILLRACE_HOME=$tmp/home
+unset MILLRACE_SERVER MILLRACE_TOKEN
+drives=()
+for i in 0 1 2 3 4 5; do drives+=("$tmp/drive$i.img"); done
+"$bin" pool create tank --level raid6 --strip 64k --create 64M "${drives[@]}" >/dev/null
+
+"$bin" serve --api 127.0.0.1:0 --nvme 127.0.0.1:0 --discovery-port 0 >"$tmp/serve.log" 2>&1 &
+server=$!
+for _ in $(seq 1 100); do
+  [[ -s $MILLRACE_HOME/server.json ]] && break
+  kill -0 "$server" 2>/dev/null || { cat "$tmp/serve.log" >&2; exit 1; }
+  sleep 0.1
+done
+url=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["url"])' "$MILLRACE_HOME/server.json")
+echo "dashboard test: server at $url"
+
+# A volume and an export for the page to show (the CLI goes through the API).
+"$bin" volume create tank/data --size 16M >/dev/null
+"$bin" export nvme add tank/data --host nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001 >/dev/null
+
+out=${DASHBOARD_OUT:-$root/bench-out/dashboard}
+node "$here/dashboard.test.js" "$url" "$bin" tank "${drives[2]}" "${drives[4]}" "$out"
