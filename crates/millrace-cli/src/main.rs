@@ -7,6 +7,7 @@ mod format;
 mod io_cmd;
 mod pool_cmd;
 mod serve_cmd;
+mod share_cmd;
 mod volume_cmd;
 
 use std::path::PathBuf;
@@ -53,6 +54,9 @@ enum Cmd {
     /// Serve volumes over NVMe/TCP and NBD (closed by default).
     #[command(subcommand)]
     Export(export_cmd::ExportCmd),
+    /// NFS shares: a volume with XFS, exported by the kernel NFS server (needs `millrace serve`).
+    #[command(subcommand)]
+    Share(share_cmd::ShareCmd),
     /// Run the data server: pools, exports, the HTTP API, /metrics and the dashboard.
     Serve(serve_cmd::ServeArgs),
     /// Read and write a pool's bytes directly (for scripts and tests).
@@ -101,6 +105,7 @@ fn main() {
             Cmd::Pool(c) => pool_cmd::run(home, api, c),
             Cmd::Volume(c) => volume_cmd::run(home, api, c),
             Cmd::Export(c) => export_cmd::run(home, api, c),
+            Cmd::Share(c) => share_cmd::run(home, api, c),
             Cmd::Io(c) => io_cmd::run(home, api, c),
             Cmd::Status { json } => pool_cmd::status(home, api, json),
             Cmd::Bench(a) => {

@@ -175,6 +175,11 @@ pub fn router(state: Arc<State>, token: Option<String>) -> Router {
             "/api/v1/exports/nbd/{pool}/{vol}",
             axum::routing::delete(remove_nbd),
         )
+        .route("/api/v1/shares", get(shares).post(create_share))
+        .route(
+            "/api/v1/shares/{pool}/{vol}",
+            axum::routing::delete(delete_share),
+        )
         .route("/api/v1/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
         .fallback(not_found);
@@ -521,6 +526,53 @@ async fn remove_nbd(AxState(s): S, P((p, v)): P<(String, String)>) -> R {
     blocking(move || {
         s.remove_nbd_export(&p, &v)?;
         Ok(Json(json!({ "removed": format!("{p}/{v}") })))
+    })
+    .await
+}
+
+async fn shares(AxState(s): S) -> R {
+    blocking(move || to_json(json!({ "shares": s.list_shares() }))).await
+}
+
+#[derive(Deserialize)]
+struct ShareReq {
+    pool: String,
+    volume: String,
+    size_bytes: u64,
+    clients: Vec<String>,
+    /// NFS `sync` unless asked otherwise: acknowledged writes survive a crash.
+    #[serde(default = "yes")]
+    sync: bool,
+    #[serde(default = "yes")]
+    root_squash: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+async fn create_share(
+    AxState(s): S,
+    Body(r): Body<ShareReq>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let v = blocking(move || {
+        to_json(s.create_share(
+            &r.pool,
+            &r.volume,
+            r.size_bytes,
+            r.clients,
+            r.sync,
+            r.root_squash,
+        )?)
+    })
+    .await?;
+    Ok((StatusCode::CREATED, v))
+}
+
+async fn delete_share(AxState(s): S, P((p, v)): P<(String, String)>) -> R {
+    blocking(move || {
+        s.delete_share(&p, &v)?;
+        Ok(Json(json!({ "deleted": format!("{p}/{v}") })))
     })
     .await
 }

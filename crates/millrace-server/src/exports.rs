@@ -313,6 +313,17 @@ impl State {
     }
 
     pub fn remove_nbd_export(&self, pool: &str, vol: &str) -> Result<(), ApiError> {
+        let (_, v) = self.volume(pool, vol)?;
+        if v.props.contains_key(crate::shares::SHARE_PROP) {
+            return Err(ApiError::conflict(format!(
+                "the NBD export of {pool}/{vol} carries its NFS share; `millrace share delete {pool}/{vol}` removes both"
+            )));
+        }
+        self.drop_nbd_export(pool, vol)
+    }
+
+    /// Removes the NBD export whatever sits on it (the share code takes its own down first).
+    pub(crate) fn drop_nbd_export(&self, pool: &str, vol: &str) -> Result<(), ApiError> {
         let (e, v) = self.volume(pool, vol)?;
         let Some(c) = v.props.get(NBD_PROP) else {
             return Err(ApiError::not_found(format!(

@@ -12,6 +12,7 @@ mod jobs;
 mod metered;
 mod metrics;
 mod openapi;
+mod shares;
 mod state;
 
 use std::net::SocketAddr;
@@ -23,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 pub use api::ApiError;
 pub use exports::{NbdExportConfig, NvmeExportConfig};
+pub use shares::{ShareConfig, ShareView};
 pub use state::State;
 
 /// Where the server listens and what it guards.
@@ -121,6 +123,12 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         tokio::spawn(async move { s.serve_unix(ul).await });
     }
     state.start_pending_rebuilds();
+    // Shares come back once their NBD exports serve (the pools started them above): the
+    // kernel's NBD client attaches through them.
+    {
+        let s = state.clone();
+        tokio::task::spawn_blocking(move || s.restore_shares()).await?;
+    }
     let file = ServerFile {
         url: format!("http://{api_addr}"),
         pid: std::process::id(),
@@ -160,6 +168,11 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     };
     let served = axum::serve(api, app).with_graceful_shutdown(shutdown).await;
     eprintln!("millrace serve: stopping");
+    // Shares first, while the NBD server still runs: their unmount flushes through it.
+    {
+        let s = state.clone();
+        tokio::task::spawn_blocking(move || s.stop_shares()).await?;
+    }
     state.nvmf.shutdown();
     state.nbd.shutdown();
     let _ = std::fs::remove_file(&sf);

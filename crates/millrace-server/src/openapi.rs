@@ -107,6 +107,11 @@ pub fn document() -> Value {
             "/api/v1/exports/nvme/{pool}/{vol}": {"delete": op("Stop exporting a volume over NVMe/TCP", &["pool", "vol"], None, "200", ok("Done", obj(json!({"removed": string}), &["removed"])))},
             "/api/v1/exports/nbd": {"post": op("Export a volume over NBD (Unix socket; TCP only for listed clients)", &[], Some(obj(json!({"pool": string, "volume": string, "name": {"type": "string", "nullable": true}, "clients": strings}), &["pool", "volume"])), "201", ok("The export", obj(json!({"name": string, "clients": strings}), &["name", "clients"])))},
             "/api/v1/exports/nbd/{pool}/{vol}": {"delete": op("Stop exporting a volume over NBD", &["pool", "vol"], None, "200", ok("Done", obj(json!({"removed": string}), &["removed"])))},
+            "/api/v1/shares": {
+                "get": op("Every NFS share", &[], None, "200", ok("Shares", obj(json!({"shares": {"type": "array", "items": r("Share")}}), &["shares"]))),
+                "post": op("Create a share: a volume, XFS aligned to the pool's stripes, mounted and exported by the kernel NFS server (v3, v4.2) to the listed clients", &[], Some(obj(json!({"pool": string, "volume": string, "size_bytes": int, "clients": strings, "sync": {"type": "boolean", "default": true}, "root_squash": {"type": "boolean", "default": true}}), &["pool", "volume", "size_bytes", "clients"])), "201", ok("The share", r("Share"))),
+            },
+            "/api/v1/shares/{pool}/{vol}": {"delete": op("Delete a share: unexport, unmount, detach, and delete its volume", &["pool", "vol"], None, "200", ok("Done", obj(json!({"deleted": string}), &["deleted"])))},
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
@@ -130,6 +135,7 @@ pub fn document() -> Value {
                     "member_stats": {"type": "array", "items": obj(json!({"index": int, "read_bytes": int, "write_bytes": int, "read_ops": int, "write_ops": int, "errors": int}), &["index", "read_bytes", "write_bytes", "read_ops", "write_ops", "errors"])},
                 }), &["name", "level", "state", "size_bytes", "members", "volumes", "stats", "member_stats"]),
                 "Job": obj(json!({"id": int, "kind": {"type": "string", "enum": ["rebuild", "scrub"]}, "pool": string, "state": {"type": "string", "enum": ["running", "done", "failed"]}, "done": int, "total": int, "percent": {"type": "number"}, "message": string, "result": {"type": "object", "nullable": true}}), &["id", "kind", "pool", "state", "percent"]),
+                "Share": obj(json!({"pool": string, "volume": string, "size_bytes": int, "clients": strings, "sync": {"type": "boolean"}, "root_squash": {"type": "boolean"}, "mountpoint": string, "nbd_socket": string, "nbd_device": {"type": "string", "nullable": true}, "mounted": {"type": "boolean"}, "exported": {"type": "boolean"}, "nfs_path": string}), &["pool", "volume", "size_bytes", "clients", "sync", "root_squash", "mountpoint", "mounted", "exported", "nfs_path"]),
                 "Exports": obj(json!({
                     "nvme": {"type": "array", "items": obj(json!({"pool": string, "volume": string, "nqn": string, "hosts": strings, "allow_any_host": {"type": "boolean"}, "serving": {"type": "boolean"}, "connections": {"type": "array", "items": obj(json!({"host": string, "peer": string, "io_queues": int}), &["host", "peer"])}}), &["pool", "volume", "nqn", "connections"])},
                     "nbd": {"type": "array", "items": obj(json!({"pool": string, "volume": string, "name": string, "clients": strings, "serving": {"type": "boolean"}, "connections": int}), &["pool", "volume", "name", "connections"])},
