@@ -13,6 +13,7 @@ APT_PKGS=(
   nvme-cli        # the NVMe/TCP client (guest tests)
   xfsprogs        # mkfs.xfs (guest tests)
   mdadm           # Linux md, to prove our RAID5/6 layout is md's (guest tests)
+  chromium        # the dashboard test (headless, driven by playwright-core)
   nfs-kernel-server rpcbind nfs-common   # shares: the kernel NFS server and client (guest tests)
   qemu-system-x86 linux-image-amd64 busybox-static cpio   # the guest runner
 )

@@ -20,6 +20,8 @@ step() {
 step "cargo fmt" cargo fmt --all --check
 step "cargo clippy" cargo clippy --workspace --all-targets -q -- -D warnings
 step "cargo test" cargo test --workspace -q
+step "api: openapi conformance (schemathesis)" bash tests/api/schemathesis.sh
+step "dashboard: headless chromium" bash tests/dashboard/run.sh
 step "fuzz: nvme/tcp pdu and session (short run)" bash scripts/fuzz.sh
 if [[ -f python/pyproject.toml ]]; then
   step "python client" bash python/tests/run.sh

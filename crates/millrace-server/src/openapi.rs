@@ -21,7 +21,9 @@ fn body(schema: Value) -> Value {
 }
 
 fn param(name: &str) -> Value {
-    json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}})
+    // Job ids are numbers; pool and volume names are strings.
+    let ty = if name == "id" { "integer" } else { "string" };
+    json!({"name": name, "in": "path", "required": true, "schema": {"type": ty}})
 }
 
 fn op(summary: &str, params: &[&str], req: Option<Value>, code: &str, resp: Value) -> Value {
