@@ -28,7 +28,12 @@ impl Api {
             .ok()
             .filter(|t| !t.is_empty());
         if let Some(u) = url {
-            return Ok(Some(Api::new(u.trim_end_matches('/').to_string(), token)));
+            let ca = std::env::var_os("MILLRACE_TLS_CA").map(std::path::PathBuf::from);
+            return Ok(Some(Api::new(
+                u.trim_end_matches('/').to_string(),
+                token,
+                ca.as_deref(),
+            )?));
         }
         let f = millrace_server::server_file(home);
         let Ok(text) = std::fs::read_to_string(&f) else {
@@ -41,16 +46,37 @@ impl Api {
         if unsafe { libc::kill(sf.pid as i32, 0) } != 0 {
             return Ok(None);
         }
-        Ok(Some(Api::new(sf.url, token)))
+        Ok(Some(Api::new(sf.url, token, sf.tls_cert.as_deref())?))
     }
 
-    fn new(base: String, token: Option<String>) -> Api {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
+    /// `ca`: a PEM certificate to trust for an HTTPS server (its own, when self-signed).
+    fn new(base: String, token: Option<String>, ca: Option<&Path>) -> Result<Api> {
+        let mut config = ureq::Agent::config_builder()
             .http_status_as_error(false)
-            .timeout_global(Some(CALL_TIMEOUT))
-            .build()
-            .into();
-        Api { base, token, agent }
+            .timeout_global(Some(CALL_TIMEOUT));
+        if let Some(ca) = ca {
+            let pem = std::fs::read(ca)
+                .with_context(|| format!("cannot read the API's certificate {}", ca.display()))?;
+            let certs = ureq::tls::parse_pem(&pem)
+                .filter_map(|item| match item {
+                    Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+                    _ => None,
+                })
+                .collect::<Vec<_>>();
+            if certs.is_empty() {
+                bail!(
+                    "{} holds no PEM certificate; point MILLRACE_TLS_CA at the API's certificate",
+                    ca.display()
+                );
+            }
+            config = config.tls_config(
+                ureq::tls::TlsConfig::builder()
+                    .root_certs(ureq::tls::RootCerts::Specific(std::sync::Arc::new(certs)))
+                    .build(),
+            );
+        }
+        let agent: ureq::Agent = config.build().into();
+        Ok(Api { base, token, agent })
     }
 
     pub fn base(&self) -> &str {

@@ -8,7 +8,7 @@ use clap::Args;
 
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  millrace serve                                   # API on 127.0.0.1:8740, NVMe/TCP on 0.0.0.0:4420 (discovery 8009)\n  millrace serve --api 0.0.0.0:8740 --token-file /etc/millrace/token   # the API beyond this machine needs a token"
+    after_help = "Examples:\n  millrace serve                                   # API on 127.0.0.1:8740, NVMe/TCP on 0.0.0.0:4420 (discovery 8009)\n  millrace serve --api 0.0.0.0:8740 --token-file /etc/millrace/token   # the API beyond this machine needs a token\n  millrace serve --api 0.0.0.0:8740 --token-file /etc/millrace/token --tls-cert /etc/millrace/api.crt --tls-key /etc/millrace/api.key"
 )]
 pub struct ServeArgs {
     /// Where the HTTP API, /metrics and the dashboard listen. Beyond loopback a token is required.
@@ -30,6 +30,12 @@ pub struct ServeArgs {
     /// A file holding the API's bearer token (also MILLRACE_TOKEN). Required when --api is not loopback.
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// Serve the API over HTTPS with this certificate (PEM, the chain with the server's first).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 pub fn run(home: &Path, a: ServeArgs) -> Result<()> {
@@ -56,6 +62,10 @@ pub fn run(home: &Path, a: ServeArgs) -> Result<()> {
         discovery_port: (!a.no_nvme && a.discovery_port != 0).then_some(a.discovery_port),
         nbd_listen: a.nbd_listen,
         token,
+        tls: a
+            .tls_cert
+            .zip(a.tls_key)
+            .map(|(cert, key)| millrace_server::TlsFiles { cert, key }),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

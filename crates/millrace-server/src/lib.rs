@@ -39,6 +39,14 @@ pub struct ServeConfig {
     pub nbd_listen: Option<SocketAddr>,
     /// The bearer token the API demands (required when `api` is not a loopback address).
     pub token: Option<String>,
+    /// Serve the API over HTTPS with this certificate chain and key (PEM files).
+    pub tls: Option<TlsFiles>,
+}
+
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 /// What `millrace serve` leaves in MILLRACE_HOME while it runs, so the CLI finds it.
@@ -47,6 +55,9 @@ pub struct ServerFile {
     pub url: String,
     pub pid: u32,
     pub nbd_socket: PathBuf,
+    /// The API's certificate when it speaks HTTPS, for the CLI on this machine to trust.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
 }
 
 pub fn server_file(home: &std::path::Path) -> PathBuf {
@@ -81,6 +92,25 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
             }
         }
     }
+    // The certificate is checked before any pool is touched.
+    let tls = match &cfg.tls {
+        Some(t) => {
+            // One process-wide provider; a second install (tests start several servers) is fine.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            Some(
+                axum_server::tls_rustls::RustlsConfig::from_pem_file(&t.cert, &t.key)
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "cannot use the TLS certificate {} with the key {} (both PEM; the certificate chain first, then a PKCS#8, PKCS#1 or SEC1 key)",
+                            t.cert.display(),
+                            t.key.display()
+                        )
+                    })?,
+            )
+        }
+        None => None,
+    };
     let state = Arc::new(
         tokio::task::spawn_blocking({
             let home = cfg.home.clone();
@@ -92,6 +122,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         .await
         .with_context(|| format!("cannot listen for the API on {}", cfg.api))?;
     let api_addr = api.local_addr()?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
     if let Some(addr) = cfg.nvme {
         let l = tokio::net::TcpListener::bind(addr)
             .await
@@ -130,15 +161,19 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         tokio::task::spawn_blocking(move || s.restore_shares()).await?;
     }
     let file = ServerFile {
-        url: format!("http://{api_addr}"),
+        url: format!("{scheme}://{api_addr}"),
         pid: std::process::id(),
         nbd_socket: sock.clone(),
+        tls_cert: cfg
+            .tls
+            .as_ref()
+            .map(|t| std::fs::canonicalize(&t.cert).unwrap_or_else(|_| t.cert.clone())),
     };
     std::fs::write(&sf, serde_json::to_vec_pretty(&file)?)
         .with_context(|| format!("cannot write {}", sf.display()))?;
     tracing::info!(api = %api_addr, "millrace serve is up");
     eprintln!(
-        "millrace serve: API on http://{api_addr}{}, NVMe/TCP on {}, NBD on {}{}",
+        "millrace serve: API on {scheme}://{api_addr}{}, NVMe/TCP on {}, NBD on {}{}",
         if cfg.token.is_some() {
             " (token required)"
         } else {
@@ -166,7 +201,23 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
             _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
         }
     };
-    let served = axum::serve(api, app).with_graceful_shutdown(shutdown).await;
+    let served = match tls {
+        None => axum::serve(api, app).with_graceful_shutdown(shutdown).await,
+        Some(tls) => {
+            let handle = axum_server::Handle::new();
+            tokio::spawn({
+                let handle = handle.clone();
+                async move {
+                    shutdown.await;
+                    handle.graceful_shutdown(Some(std::time::Duration::from_secs(5)));
+                }
+            });
+            axum_server::from_tcp_rustls(api.into_std()?, tls)?
+                .handle(handle)
+                .serve(app.into_make_service())
+                .await
+        }
+    };
     eprintln!("millrace serve: stopping");
     // Shares first, while the NBD server still runs: their unmount flushes through it.
     {

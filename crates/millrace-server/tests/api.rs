@@ -15,7 +15,14 @@ struct Server {
 
 /// Starts a server on 127.0.0.1:0 in a runtime of its own; it lives as long as the test process.
 fn start(token: Option<&str>) -> Server {
-    let dir = tempfile::tempdir().unwrap();
+    start_in(tempfile::tempdir().unwrap(), token, None)
+}
+
+fn start_in(
+    dir: tempfile::TempDir,
+    token: Option<&str>,
+    tls: Option<millrace_server::TlsFiles>,
+) -> Server {
     let home = dir.path().join("home");
     let cfg = millrace_server::ServeConfig {
         home: home.clone(),
@@ -24,6 +31,7 @@ fn start(token: Option<&str>) -> Server {
         discovery_port: None,
         nbd_listen: None,
         token: token.map(str::to_string),
+        tls,
     };
     std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().unwrap();
@@ -538,4 +546,96 @@ fn every_documented_call_is_routed() {
             );
         }
     }
+}
+
+/// A self-signed certificate for 127.0.0.1, made with the openssl command.
+fn self_signed(dir: &std::path::Path) -> millrace_server::TlsFiles {
+    let (cert, key) = (dir.join("api.crt"), dir.join("api.key"));
+    let st = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"])
+        .args(["-nodes", "-days", "2", "-subj", "/CN=127.0.0.1"])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("the openssl command (Debian package openssl) makes the test certificate");
+    assert!(st.success());
+    millrace_server::TlsFiles { cert, key }
+}
+
+#[test]
+fn tls_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = self_signed(dir.path());
+    let pem = std::fs::read(&tls.cert).unwrap();
+    let mut s = start_in(dir, Some("tok"), Some(tls.clone()));
+    assert!(s.url.starts_with("https://127.0.0.1:"), "{}", s.url);
+    let sf: millrace_server::ServerFile = serde_json::from_str(
+        &std::fs::read_to_string(millrace_server::server_file(&s.path("home"))).unwrap(),
+    )
+    .unwrap();
+    assert!(sf.tls_cert.is_some(), "the server file names no certificate");
+
+    // A client that does not trust the certificate gets nowhere.
+    let r = s.agent.get(format!("{}/api/v1/status", s.url)).call();
+    assert!(r.is_err(), "an untrusted certificate was accepted");
+    // Nor does plain HTTP on the same port.
+    let plain = s.url.replace("https://", "http://");
+    let r = s.agent.get(format!("{plain}/api/v1/status")).call();
+    assert!(
+        r.map(|r| r.status().as_u16() == 200).unwrap_or(false) == false,
+        "plain HTTP was answered"
+    );
+
+    // Trusting it: the API answers, and still wants its token.
+    let certs: Vec<_> = ureq::tls::parse_pem(&pem)
+        .filter_map(|i| match i {
+            Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+            _ => None,
+        })
+        .collect();
+    s.agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .tls_config(
+            ureq::tls::TlsConfig::builder()
+                .root_certs(ureq::tls::RootCerts::Specific(std::sync::Arc::new(certs)))
+                .build(),
+        )
+        .build()
+        .into();
+    s.token = None;
+    refused(s.get("/api/v1/status"), 401);
+    s.token = Some("tok".into());
+    let (st, v) = s.get("/api/v1/status");
+    assert_eq!(st, 200, "{v}");
+    s.create_pool("secure");
+    let (_, p) = s.get("/api/v1/pools/secure");
+    assert_eq!(p["state"], "online");
+}
+
+#[test]
+fn a_bad_certificate_stops_the_start_with_a_sentence() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("bad.crt"), "not a certificate").unwrap();
+    std::fs::write(dir.path().join("bad.key"), "not a key").unwrap();
+    let cfg = millrace_server::ServeConfig {
+        home: dir.path().join("home"),
+        api: "127.0.0.1:0".parse().unwrap(),
+        nvme: None,
+        discovery_port: None,
+        nbd_listen: None,
+        token: None,
+        tls: Some(millrace_server::TlsFiles {
+            cert: dir.path().join("bad.crt"),
+            key: dir.path().join("bad.key"),
+        }),
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let e = rt.block_on(millrace_server::run(cfg)).unwrap_err();
+    let msg = format!("{e:#}");
+    assert!(msg.contains("bad.crt") && msg.contains("PEM"), "{msg}");
+    assert!(!millrace_server::server_file(&dir.path().join("home")).exists());
 }
