@@ -239,96 +239,17 @@ def describe() -> str:
             f"path: cpu only (PyTorch {torch.__version__} sees no CUDA device); O_DIRECT + threads"
         )
     name = torch.cuda.get_device_name()
-    rt = CudaRT.get()
-    copies = (
-        f"copies by cudaMemcpyAsync from {os.path.basename(rt.path)}"
-        if rt is not None
-        else "copies by torch copy_ (libcudart not found in the process)"
-    )
     cf = CuFile.get()
     if cf is None:
         return (
             f"path: cpu-gpu bounce through pinned buffers on {name} "
-            f"(no GDS: {CuFile.why_not()}); {copies}; PyTorch {torch.__version__}"
+            f"(no GDS: {CuFile.why_not()}); PyTorch {torch.__version__}"
         )
     default = "gds" if cf.native else "cpu-gpu bounce (faster than cuFile's own bounce)"
     return (
-        f"path: default {default} on {name}; cuFile {os.path.basename(cf.path)} in "
-        f"{cf.mode()}; {copies}; PyTorch {torch.__version__}"
+        f"path: default {default} on {name}; cuFile {cf.path} in {cf.mode()}; "
+        f"PyTorch {torch.__version__}"
     )
-
-
-# --------------------------------------------------------------------------------------------
-# the CUDA runtime through ctypes, for the per-transfer copies
-
-
-class CudaRT:
-    """``cudaMemcpyAsync`` and ``cudaStreamSynchronize`` called through ctypes.
-
-    ctypes drops the GIL for the duration of each call and costs about a microsecond of Python,
-    where ``tensor.copy_`` goes through PyTorch's dispatcher with the GIL held; that difference
-    is most of a small transfer's time. We use the libcudart PyTorch already loaded (same
-    runtime, same primary context), so device pointers and PyTorch stream handles are valid.
-    ``CudaRT.get()`` is None where it cannot be found; callers then use ``copy_``.
-    """
-
-    _instance: Optional[CudaRT] = None
-    _tried = False
-    H2D = 1
-    D2H = 2
-
-    def __init__(self, lib: ctypes.CDLL, path: str):
-        self.path = path
-        self._memcpy = lib.cudaMemcpyAsync
-        self._memcpy.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_size_t,
-            ctypes.c_int,
-            ctypes.c_void_p,
-        ]
-        self._memcpy.restype = ctypes.c_int
-        self._sync = lib.cudaStreamSynchronize
-        self._sync.argtypes = [ctypes.c_void_p]
-        self._sync.restype = ctypes.c_int
-
-    @classmethod
-    def get(cls) -> Optional[CudaRT]:
-        if cls._tried:
-            return cls._instance
-        cls._tried = True
-        if os.environ.get("MILLRACE_NO_CUDART"):
-            return None
-        torch = torch_module()
-        if torch is None or not torch.cuda.is_available():
-            return None
-        torch.cuda.init()
-        path = None
-        try:
-            with open("/proc/self/maps") as maps:
-                for line in maps:
-                    if "libcudart.so" in line:
-                        path = line.split()[-1]
-                        break
-        except OSError:
-            pass
-        if path is None:
-            return None  # statically linked into PyTorch: keep to copy_
-        try:
-            cls._instance = CudaRT(ctypes.CDLL(path), path)
-        except (OSError, AttributeError):
-            cls._instance = None
-        return cls._instance
-
-    def copy(self, dst: int, src: int, n: int, kind: int, stream: int) -> None:
-        rc = self._memcpy(dst, src, n, kind, stream)
-        if rc:
-            raise RuntimeError(f"cudaMemcpyAsync failed with CUDA error {rc}.")
-
-    def synchronize(self, stream: int) -> None:
-        rc = self._sync(stream)
-        if rc:
-            raise RuntimeError(f"cudaStreamSynchronize failed with CUDA error {rc}.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -397,8 +318,6 @@ def read_to_device(
     count = (span + chunk - 1) // chunk
     threads = max(1, min(threads, count))
     device = dest.device
-    rt = CudaRT.get()
-    dest_ptr = dest.data_ptr()
     with torch.cuda.device(device):
         streams = [torch.cuda.Stream(device) for _ in range(threads)]
         bufs = [[Pinned(chunk), Pinned(chunk)] for _ in range(threads)]
@@ -422,23 +341,12 @@ def read_to_device(
                     "the file was truncated (or is being rewritten). Re-copy it and retry."
                 )
             s = streams[w]
-            if rt is not None:
-                rt.copy(
-                    dest_ptr + (use_lo - offset),
-                    pin.t.data_ptr() + (use_lo - lo),
-                    use_hi - use_lo,
-                    CudaRT.H2D,
-                    s.cuda_stream,
+            with torch.cuda.stream(s):
+                dest[use_lo - offset : use_hi - offset].copy_(
+                    pin.t[use_lo - lo : use_hi - lo], non_blocking=True
                 )
                 ev = torch.cuda.Event()
                 ev.record(s)
-            else:
-                with torch.cuda.stream(s):
-                    dest[use_lo - offset : use_hi - offset].copy_(
-                        pin.t[use_lo - lo : use_hi - lo], non_blocking=True
-                    )
-                    ev = torch.cuda.Event()
-                    ev.record(s)
             events[w][b] = ev
 
         try:

@@ -97,7 +97,6 @@ def run_cell(mode: str, path: str, size: int, threads: int, seconds: float, patt
         if mode == "gds":
             cf = _gpu.use_gds(True)
             handle = cf.register(fd)
-        rt = _gpu.CudaRT.get() if mode == "cpu-gpu" else None
         barrier = threading.Barrier(threads + 1)
         lats = [None] * threads
         counts = [0] * threads
@@ -143,21 +142,6 @@ def run_cell(mode: str, path: str, size: int, threads: int, seconds: float, patt
                         off = base + offs[k & mask]
                         t0 = clock()
                         got = preadv(fd, bufs, off)
-                        t1 = clock()
-                        append(t1 - t0)
-                        k += 1
-                        if got != size:
-                            raise OSError(f"short read of {got} bytes at {off}")
-                elif mode == "cpu-gpu" and rt is not None:
-                    bufs = [memoryview(buf)]
-                    copy, sync = rt.copy, rt.synchronize
-                    dptr, hptr, sh, h2d = dev.data_ptr(), pin.t.data_ptr(), stream.cuda_stream, 1
-                    while t1 < end_ns:
-                        off = base + offs[k & mask]
-                        t0 = clock()
-                        got = preadv(fd, bufs, off)
-                        copy(dptr, hptr, size, h2d, sh)
-                        sync(sh)
                         t1 = clock()
                         append(t1 - t0)
                         k += 1
