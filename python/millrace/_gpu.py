@@ -245,7 +245,7 @@ def describe() -> str:
             f"path: cpu-gpu bounce through pinned buffers on {name} "
             f"(no GDS: {CuFile.why_not()}); PyTorch {torch.__version__}"
         )
-    default = "gds" if cf.native else "cpu-gpu bounce (faster than cuFile's own bounce)"
+    default = "gds" if cf.native else "cpu-gpu bounce (gds=True to use cuFile's compat mode)"
     return (
         f"path: default {default} on {name}; cuFile {cf.path} in {cf.mode()}; "
         f"PyTorch {torch.__version__}"
