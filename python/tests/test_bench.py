@@ -44,6 +44,16 @@ def test_bench_writes_csv_and_png(tmp_path, capsys):
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_bench_random_pattern(tmp_path):
+    f = tmp_path / "data.bin"
+    f.write_bytes(bytes(range(256)) * 4096)
+    out_csv = tmp_path / "out.csv"
+    args = [str(f), "--sizes", "4K", "--threads", "3", "--mode", "cpu", "--pattern", "rand"]
+    assert bench.main([*args, "--seconds", "0.2", "--fio", "no", "--csv", str(out_csv)]) == 0
+    (row,) = list(csv.DictReader(out_csv.read_text().splitlines()))
+    assert row["mode"] == "cpu" and int(row["threads"]) == 3 and float(row["iops"]) > 0
+
+
 def test_parse_size():
     assert bench.parse_size("4K") == 4096
     assert bench.parse_size("16M") == 16 << 20

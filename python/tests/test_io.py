@@ -135,6 +135,8 @@ def test_cuda_without_a_gpu_is_a_clear_error(tmp_path):
         millrace.read(p, device="cuda")
     with pytest.raises(millrace.DeviceUnavailableError):
         millrace.load_checkpoint(p, device="cuda")
+    with pytest.raises(millrace.DeviceUnavailableError, match="device='cpu'"):
+        millrace.ShardDataset(p, device="cuda", record_bytes=1)
 
 
 def test_bad_device_string(tmp_path):
