@@ -189,18 +189,55 @@ async fn session(w: &World, mode: u8, rest: &[u8]) {
         wr
     };
     let recv = async move {
+        let mut got = Vec::new();
         let mut sink = vec![0u8; 64 * 1024];
         while let Ok(n) = rd.read(&mut sink).await {
             if n == 0 {
                 break;
             }
+            // Enough to check everything but reads of the whole device over and over.
+            if got.len() < RECEIVED_CHECKED {
+                got.extend_from_slice(&sink[..n]);
+            }
         }
+        got
     };
     let both = async { tokio::join!(send, recv) };
-    if tokio::time::timeout(SESSION_LIMIT, both).await.is_err() {
+    let Ok((_, got)) = tokio::time::timeout(SESSION_LIMIT, both).await else {
         panic!(
             "the target kept the connection open {SESSION_LIMIT:?} after the host stopped sending"
         );
+    };
+    if got.len() < RECEIVED_CHECKED {
+        check_answers(&got);
+    }
+}
+
+const RECEIVED_CHECKED: usize = 8 << 20;
+
+/// Whatever it was sent, the target answers with well-formed PDUs only, whole ones, with
+/// matching digests, and a termination request (if any) last.
+fn check_answers(mut b: &[u8]) {
+    let mut neg = Negotiated::initial();
+    while !b.is_empty() {
+        let (p, used) = match pdu::decode(b, Side::Host, &neg) {
+            Ok(Some(x)) => x,
+            Ok(None) => panic!("the target's last PDU is cut short: {} bytes left", b.len()),
+            Err(e) => panic!("the target sent a PDU its host side refuses: {e}"),
+        };
+        b = &b[used..];
+        match p.head {
+            Head::IcResp(r) => {
+                neg = Negotiated {
+                    ic_done: true,
+                    hdgst: r.hdgst,
+                    ddgst: r.ddgst,
+                    max_data: u32::MAX,
+                }
+            }
+            Head::TermReq { .. } => assert!(b.is_empty(), "PDUs follow a termination request"),
+            _ => {}
+        }
     }
 }
 
