@@ -548,28 +548,83 @@ fn every_documented_call_is_routed() {
     }
 }
 
-/// A self-signed certificate for 127.0.0.1, made with the openssl command.
-fn self_signed(dir: &std::path::Path) -> millrace_server::TlsFiles {
-    let (cert, key) = (dir.join("api.crt"), dir.join("api.key"));
-    let st = std::process::Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"])
-        .args(["-nodes", "-days", "2", "-subj", "/CN=127.0.0.1"])
-        .args(["-addext", "subjectAltName=IP:127.0.0.1"])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("the openssl command (Debian package openssl) makes the test certificate");
-    assert!(st.success());
-    millrace_server::TlsFiles { cert, key }
+/// A certificate for 127.0.0.1 signed by a throwaway CA, made with the openssl command; the
+/// certificate file holds the chain (the server's, then the CA's), as `--tls-cert` takes it.
+fn test_certificate(dir: &std::path::Path) -> millrace_server::TlsFiles {
+    let run = |args: &[&str]| {
+        let st = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("the openssl command (Debian package openssl) makes the test certificate");
+        assert!(st.success(), "openssl {args:?} failed");
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    run(&[
+        &["req", "-x509"][..],
+        &ec,
+        &["-days", "2", "-subj", "/CN=millrace test CA"],
+        &["-keyout", "ca.key", "-out", "ca.crt"],
+    ]
+    .concat());
+    run(&[
+        &["req"][..],
+        &ec,
+        &[
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "api.key",
+            "-out",
+            "api.csr",
+        ],
+    ]
+    .concat());
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "api.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+        "-out",
+        "leaf.crt",
+    ]);
+    let chain = [
+        std::fs::read(dir.join("leaf.crt")).unwrap(),
+        std::fs::read(dir.join("ca.crt")).unwrap(),
+    ]
+    .concat();
+    std::fs::write(dir.join("api.crt"), chain).unwrap();
+    millrace_server::TlsFiles {
+        cert: dir.join("api.crt"),
+        key: dir.join("api.key"),
+    }
 }
 
 #[test]
 fn tls_when_asked() {
     let dir = tempfile::tempdir().unwrap();
-    let tls = self_signed(dir.path());
+    let tls = test_certificate(dir.path());
     let pem = std::fs::read(&tls.cert).unwrap();
     let mut s = start_in(dir, Some("tok"), Some(tls.clone()));
     assert!(s.url.starts_with("https://127.0.0.1:"), "{}", s.url);
@@ -577,7 +632,10 @@ fn tls_when_asked() {
         &std::fs::read_to_string(millrace_server::server_file(&s.path("home"))).unwrap(),
     )
     .unwrap();
-    assert!(sf.tls_cert.is_some(), "the server file names no certificate");
+    assert!(
+        sf.tls_cert.is_some(),
+        "the server file names no certificate"
+    );
 
     // A client that does not trust the certificate gets nowhere.
     let r = s.agent.get(format!("{}/api/v1/status", s.url)).call();
@@ -586,7 +644,7 @@ fn tls_when_asked() {
     let plain = s.url.replace("https://", "http://");
     let r = s.agent.get(format!("{plain}/api/v1/status")).call();
     assert!(
-        r.map(|r| r.status().as_u16() == 200).unwrap_or(false) == false,
+        !r.map(|r| r.status().as_u16() == 200).unwrap_or(false),
         "plain HTTP was answered"
     );
 
