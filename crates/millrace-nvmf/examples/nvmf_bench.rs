@@ -116,9 +116,49 @@ impl Cursor {
     }
 }
 
+/// CPU seconds this process has used (all threads: initiator, target and device together).
+fn cpu_secs() -> f64 {
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage only writes the struct it is given.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+    t(u.ru_utime) + t(u.ru_stime)
+}
+
+/// CPU seconds used so far by the threads named `name` (the runtimes name theirs, blocking
+/// pools included), from /proc; zero where that is not readable.
+fn cpu_secs_of(name: &str) -> f64 {
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0.0;
+    };
+    let mut total = 0.0;
+    for t in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) state ...": utime and stime are the 12th and 13th fields after comm.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        if &stat[open + 1..close] != name {
+            continue;
+        }
+        let f: Vec<&str> = stat[close + 2..].split(' ').collect();
+        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        total += (ticks(11) + ticks(12)) / tick;
+    }
+    total
+}
+
 struct Result {
     ops: u64,
     secs: f64,
+    /// CPU seconds the process used during the run; on a shared machine this, per I/O, is
+    /// steadier than the rates.
+    cpu: f64,
+    /// Of that, the target's threads and the initiator's.
+    split: Option<(f64, f64)>,
     lat_us: Vec<u32>,
     bytes: u64,
 }
@@ -126,6 +166,9 @@ struct Result {
 impl Result {
     fn iops(&self) -> f64 {
         self.ops as f64 / self.secs
+    }
+    fn cpu_us_per_io(&self) -> f64 {
+        self.cpu / self.ops.max(1) as f64 * 1e6
     }
     fn gbps(&self) -> f64 {
         (self.ops * self.bytes) as f64 / self.secs / 1e9
@@ -140,10 +183,12 @@ impl Result {
     }
 }
 
-fn merge(parts: Vec<(u64, Vec<u32>)>, secs: f64, work: Work) -> Result {
+fn merge(parts: Vec<(u64, Vec<u32>)>, secs: f64, cpu: f64, work: Work) -> Result {
     let mut r = Result {
         ops: 0,
         secs,
+        cpu,
+        split: None,
         lat_us: Vec::new(),
         bytes: work.bytes(),
     };
@@ -162,7 +207,8 @@ async fn over_nvmf(
     secs: f64,
 ) -> Result {
     let stop = Arc::new(AtomicBool::new(false));
-    let t0 = Instant::now();
+    let (t0, c0) = (Instant::now(), cpu_secs());
+    let (tc0, ic0) = (cpu_secs_of("target"), cpu_secs_of("initiator"));
     let mut tasks = Vec::new();
     for i in 0..depth {
         let q = queues[i % queues.len()].clone();
@@ -191,13 +237,15 @@ async fn over_nvmf(
     for t in tasks {
         parts.push(t.await.expect("a reader task"));
     }
-    merge(parts, t0.elapsed().as_secs_f64(), work)
+    let mut r = merge(parts, t0.elapsed().as_secs_f64(), cpu_secs() - c0, work);
+    r.split = Some((cpu_secs_of("target") - tc0, cpu_secs_of("initiator") - ic0));
+    r
 }
 
 fn in_process(dev: &Arc<dyn BlockDevice>, work: Work, depth: usize, secs: f64) -> Result {
     let size = dev.size_bytes();
     let stop = Arc::new(AtomicBool::new(false));
-    let t0 = Instant::now();
+    let (t0, c0) = (Instant::now(), cpu_secs());
     let threads: Vec<_> = (0..depth)
         .map(|i| {
             let dev = dev.clone();
@@ -223,7 +271,7 @@ fn in_process(dev: &Arc<dyn BlockDevice>, work: Work, depth: usize, secs: f64) -
         .into_iter()
         .map(|t| t.join().expect("a reader thread"))
         .collect();
-    merge(parts, t0.elapsed().as_secs_f64(), work)
+    merge(parts, t0.elapsed().as_secs_f64(), cpu_secs() - c0, work)
 }
 
 /// Writes the whole volume once: reads of never-written parts of sparse drive files cost
@@ -344,9 +392,9 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         a.seconds
     );
     println!(
-        "| workload | in flight | NVMe/TCP | in-process | ratio | NVMe/TCP p50 / p99 us | in-process p50 / p99 us |"
+        "| workload | in flight | NVMe/TCP | in-process | ratio | p50 / p99 us NVMe/TCP | p50 / p99 us in-process | CPU us per I/O NVMe/TCP (target + initiator) | CPU us per I/O in-process |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     let mut json = Vec::new();
     for (work, depth) in runs {
         let mut n = client_rt.block_on(over_nvmf(&ctrl.io, work, depth, size, a.seconds));
@@ -360,15 +408,20 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             Work::Seq128k => format!("{:.2} {unit}", v),
         };
         let (n50, n99, l50, l99) = (n.pct(0.5), n.pct(0.99), l.pct(0.5), l.pct(0.99));
+        let (ncpu, lcpu) = (n.cpu_us_per_io(), l.cpu_us_per_io());
+        let (tcpu, icpu) = n
+            .split
+            .map(|(t, i)| (t / n.ops.max(1) as f64 * 1e6, i / n.ops.max(1) as f64 * 1e6))
+            .unwrap_or_default();
         println!(
-            "| {} | {depth} | {} | {} | {:.2} | {n50} / {n99} | {l50} / {l99} |",
+            "| {} | {depth} | {} | {} | {:.2} | {n50} / {n99} | {l50} / {l99} | {ncpu:.0} ({tcpu:.0} + {icpu:.0}) | {lcpu:.0} |",
             work.name(),
             fmt(nv),
             fmt(lv),
             nv / lv
         );
         json.push(format!(
-            "{{\"workload\":\"{}\",\"in_flight\":{depth},\"unit\":\"{unit}\",\"nvmf\":{nv:.3},\"in_process\":{lv:.3},\"ratio\":{:.4},\"nvmf_p50_us\":{n50},\"nvmf_p99_us\":{n99},\"in_process_p50_us\":{l50},\"in_process_p99_us\":{l99}}}",
+            "{{\"workload\":\"{}\",\"in_flight\":{depth},\"unit\":\"{unit}\",\"nvmf\":{nv:.3},\"in_process\":{lv:.3},\"ratio\":{:.4},\"nvmf_p50_us\":{n50},\"nvmf_p99_us\":{n99},\"in_process_p50_us\":{l50},\"in_process_p99_us\":{l99},\"nvmf_cpu_us_per_io\":{ncpu:.1},\"target_cpu_us_per_io\":{tcpu:.1},\"initiator_cpu_us_per_io\":{icpu:.1},\"in_process_cpu_us_per_io\":{lcpu:.1}}}",
             work.name(),
             nv / lv
         ));
