@@ -264,7 +264,7 @@ fuzz_target!(|input: &[u8]| {
             eprintln!(
                 "after {} sessions: {} MiB resident",
                 i + 1,
-                pages * 4096 >> 20
+                (pages * 4096) >> 20
             );
         }
     }
