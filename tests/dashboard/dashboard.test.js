@@ -108,6 +108,9 @@ async function main() {
     const tput = await page.locator(`${card} [data-role="tput-now"]`).textContent();
     check(!/^0 B\/s \/ 0 B\/s$/.test(tput), `the throughput graph shows traffic (${tput})`);
 
+    // Traffic goes on through what follows, so the screenshot shows the graphs at work.
+    const busy = load(info.size_bytes, 10);
+
     // A confirmation that is dismissed changes nothing.
     answers.push(false);
     await page.locator(`${card} button[data-action="fail"][data-path="${otherDrive}"]`).click();
@@ -144,7 +147,7 @@ async function main() {
     const err = await page.locator("#message").textContent();
     check(/\/no\/such\/drive/.test(err), `a refused action shows the server's sentence (${err.slice(0, 120)}…)`);
 
-    await page.waitForTimeout(1200);
+    await busy;
     const shotPath = path.join(outDir, "dashboard.png");
     const shot = await page.screenshot({ path: shotPath, fullPage: true });
     const a = await analyse(page, shot);
