@@ -15,6 +15,13 @@ pub const FIRMWARE: &str = concat!("MR", env!("CARGO_PKG_VERSION"));
 const ELPE: u8 = 0;
 /// Keep-alive granularity reported (KAS), in units of 100 ms.
 const KAS: u16 = 10;
+/// The most bytes one Dataset Management (deallocate) command should cover, as DMRSL and DMSL
+/// tell hosts. A volume on a parity array deallocates by writing zeroes through the array, so a
+/// command's time grows with its size; with no limit Linux sends a whole device in one command,
+/// which outlives the host's I/O timeout (30 s) on any large volume, and the host then resets
+/// the controller and sends it again, for ever. Counted in 4 KiB blocks, so a namespace of
+/// 512-byte blocks gets an eighth of it.
+pub const MAX_DEALLOCATE_BYTES: u64 = 16 << 20;
 
 pub(crate) struct Ctx<'a> {
     pub t: &'a Inner,
@@ -257,6 +264,16 @@ fn ns_descriptors(ns: &Ns) -> Vec<u8> {
     b
 }
 
+/// I/O command set specific controller data for NVM (CNS 06h): the deallocate limits. Write
+/// Zeroes (WZSL zero) is bounded by MDTS, as Linux assumes.
+pub(crate) fn identify_controller_nvm() -> Vec<u8> {
+    let mut b = vec![0u8; 4096];
+    let blocks = MAX_DEALLOCATE_BYTES >> 12;
+    put32(&mut b, 4, blocks as u32); // DMRSL: blocks in one range
+    put64(&mut b, 8, blocks); // DMSL: blocks in all ranges of one command
+    b
+}
+
 fn identify(x: &Ctx, sqe: &Sqe) -> Reply {
     let cns = sqe.cdw(10) & 0xff;
     let csi = sqe.cdw(11) >> 24;
@@ -291,8 +308,7 @@ fn identify(x: &Ctx, sqe: &Sqe) -> Reply {
             Some(ns) => with_data(ns_descriptors(&ns)),
             None => err(Status::INVALID_NAMESPACE),
         },
-        // I/O command set specific controller data for NVM: no extra limits (all zero).
-        0x06 if csi == 0 && !s.discovery => with_data(vec![0; 4096]),
+        0x06 if csi == 0 && !s.discovery => with_data(identify_controller_nvm()),
         _ => err(Status::INVALID_FIELD),
     }
 }

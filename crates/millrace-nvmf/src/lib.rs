@@ -29,7 +29,7 @@ pub mod initiator;
 pub mod pdu;
 mod target;
 
-pub use admin::{FIRMWARE, NVME_VERSION};
+pub use admin::{FIRMWARE, MAX_DEALLOCATE_BYTES, NVME_VERSION};
 pub use target::{
     Error, HostInfo, Namespace, NamespaceInfo, Stats, SubsystemConfig, SubsystemInfo, Target,
     TargetConfig, DEFAULT_DISCOVERY_PORT, DEFAULT_IO_PORT, DISCOVERY_NQN,

@@ -164,6 +164,14 @@ async fn identify_logs_and_features() {
     assert_eq!((desc[0], desc[1]), (2, 16));
     assert_eq!(&desc[4..20], &[0x22; 16]);
     assert_eq!((desc[20], desc[21]), (3, 16));
+    // Deallocation is bounded per command, or Linux sends a whole volume in one command that
+    // outlives its I/O timeout (the array zeroes what it deallocates).
+    let nvm = a.identify(6, 0).await.unwrap();
+    let dmrsl = u32::from_le_bytes(nvm[4..8].try_into().unwrap()) as u64;
+    let dmsl = u64::from_le_bytes(nvm[8..16].try_into().unwrap());
+    assert_eq!(dmrsl, millrace_nvmf::MAX_DEALLOCATE_BYTES / 4096);
+    assert_eq!(dmsl, dmrsl);
+    assert!(dmrsl > 0 && dmrsl * 4096 <= 64 << 20);
     assert_eq!(
         a.identify(0x42, 0).await.unwrap_err().status(),
         Some(Status::INVALID_FIELD)
