@@ -182,7 +182,8 @@ pub fn router(state: Arc<State>, token: Option<String>) -> Router {
         )
         .route("/api/v1/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
-        .fallback(not_found);
+        .fallback(not_found)
+        .method_not_allowed_fallback(wrong_method);
     let guarded = match token {
         Some(t) => api.layer(middleware::from_fn_with_state(Arc::new(t), require_token)),
         None => api,
@@ -226,6 +227,16 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 async fn not_found() -> ApiError {
     ApiError::not_found("there is no such API call; /api/v1/openapi.json lists them")
+}
+
+async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        message: format!(
+            "{} does not take {method}; /api/v1/openapi.json lists the methods each path takes",
+            uri.path()
+        ),
+    }
 }
 
 async fn index() -> Html<&'static str> {

@@ -440,6 +440,8 @@ fn bad_requests_are_400_sentences_and_change_nothing() {
     assert!(msg.contains("path"), "{msg}");
     refused(s.get("/api/v1/jobs/99999"), 404);
     refused(s.get("/api/v1/no/such/call"), 404);
+    let msg = refused(s.delete("/api/v1/jobs"), 405);
+    assert!(msg.contains("DELETE"), "{msg}");
     refused(
         s.post(
             "/api/v1/pools/p/volumes",

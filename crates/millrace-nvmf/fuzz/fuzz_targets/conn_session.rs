@@ -4,7 +4,11 @@
 //! The first byte chooses what the harness sends before the fuzzed bytes, so inputs reach past
 //! the handshake: an ICReq (with digests), a Connect (to the admin queue of a new controller,
 //! to an I/O queue of a standing one, to an unknown subsystem, or from a host not allowed), and
-//! whether header and data digests in the fuzzed PDUs are recomputed so they match.
+//! whether header and data digests in the fuzzed PDUs are recomputed so they match. Its bits:
+//! 1 send an ICReq, 2 and 4 ask for header and data digests, 8 fix digests, bits 4-6 the
+//! Connect (0 none, 1-2 a new controller, 3-4 an I/O queue, 5 an unknown subsystem, 6 a host
+//! not allowed, 7 an admin Connect naming a controller id, which the dynamic model refuses), bit
+//! 7 a 4-entry queue instead of 16.
 
 #![no_main]
 
