@@ -1,4 +1,5 @@
-// The dashboard in headless Chromium: it shows the pool online, sees it turn degraded after
+// The dashboard in headless Chromium: it asks for the server's token (DASHBOARD_TOKEN) and
+// keeps it for the tab, shows the pool online, sees it turn degraded after
 // `millrace pool fail` (the CLI, through the API), shows the failed drive in a banner, runs a
 // scrub from its button behind a confirmation, and leaves a screenshot that must show something.
 //
@@ -19,6 +20,9 @@ if (!outDir) {
   process.exit(2);
 }
 const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
+// The server's bearer token: the page must ask for it (prompt) and send it.
+const TOKEN = process.env.DASHBOARD_TOKEN || "";
+const auth = TOKEN ? { Authorization: "Bearer " + TOKEN } : {};
 
 function check(cond, what) {
   if (!cond) throw new Error("dashboard test: " + what);
@@ -33,9 +37,9 @@ async function load(poolSize, seconds) {
   let i = 0;
   while (Date.now() < until) {
     const off = at + (i++ % 4) * chunk.length;
-    const r = await fetch(`${url}/api/v1/pools/${pool}/data?offset=${off}`, { method: "PUT", body: chunk });
+    const r = await fetch(`${url}/api/v1/pools/${pool}/data?offset=${off}`, { method: "PUT", body: chunk, headers: auth });
     if (!r.ok) throw new Error(`writing to the pool: HTTP ${r.status} ${await r.text()}`);
-    await fetch(`${url}/api/v1/pools/${pool}/data?offset=${off}&length=${chunk.length}`).then(r => r.arrayBuffer());
+    await fetch(`${url}/api/v1/pools/${pool}/data?offset=${off}&length=${chunk.length}`, { headers: auth }).then(r => r.arrayBuffer());
   }
 }
 
@@ -85,21 +89,31 @@ async function main() {
     const answers = [];
     page.on("dialog", d => {
       const a = answers.shift();
+      if (typeof a === "function") return a(d);
       if (a === undefined || a === false) return d.dismiss();
       return d.accept(typeof a === "string" ? a : undefined);
     });
 
     const blank = await page.screenshot();
+    let prompted = "";
+    if (TOKEN) {
+      answers.push(d => { prompted = d.message(); return d.accept(TOKEN); });
+    }
     await page.goto(url + "/");
     const card = `[data-pool="${pool}"]`;
     await page.waitForSelector(`${card}[data-pool-state="online"]`, { timeout: 15000 });
     check(true, `pool ${pool} shows online`);
+    if (TOKEN) {
+      check(/token/.test(prompted), "the page asked for the API token");
+      check(await page.evaluate(() => sessionStorage.getItem("millrace-token")) === TOKEN,
+        "the page keeps the token for this tab (sessionStorage)");
+    }
     check(await page.locator("[data-failed-drive]").count() === 0, "no failed-drive banner while all drives are online");
     check(await page.locator(`${card} tr[data-member-state="online"]`).count() >= 4, "the members are listed online");
     check(await page.locator(`tr[data-export="nvme"]`).count() === 1, "the NVMe/TCP export is listed");
 
     // Some I/O, so the graphs draw; the throughput figure must move off zero.
-    const info = await (await fetch(`${url}/api/v1/pools/${pool}`)).json();
+    const info = await (await fetch(`${url}/api/v1/pools/${pool}`, { headers: auth })).json();
     await load(info.size_bytes, 4);
     await page.waitForFunction(sel => {
       const t = document.querySelector(sel + ' [data-role="tput-now"]');
@@ -115,7 +129,7 @@ async function main() {
     answers.push(false);
     await page.locator(`${card} button[data-action="fail"][data-path="${otherDrive}"]`).click();
     await page.waitForTimeout(1500);
-    const member = await (await fetch(`${url}/api/v1/pools/${pool}`)).json();
+    const member = await (await fetch(`${url}/api/v1/pools/${pool}`, { headers: auth })).json();
     check(member.members.every(m => m.state === "online"), "dismissing 'Mark failed' leaves every drive online");
 
     // The CLI fails a drive through the API; the page follows.

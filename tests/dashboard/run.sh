@@ -36,7 +36,10 @@ drives=()
 for i in 0 1 2 3 4 5; do drives+=("$tmp/drive$i.img"); done
 "$bin" pool create tank --level raid6 --strip 64k --create 64M "${drives[@]}" >/dev/null
 
-"$bin" serve --api 127.0.0.1:0 --nvme 127.0.0.1:0 --discovery-port 0 >"$tmp/serve.log" 2>&1 &
+# With a token, as in production: the page must ask for it and send it.
+token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+printf '%s\n' "$token" >"$tmp/token"
+"$bin" serve --api 127.0.0.1:0 --nvme 127.0.0.1:0 --discovery-port 0 --token-file "$tmp/token" >"$tmp/serve.log" 2>&1 &
 server=$!
 for _ in $(seq 1 100); do
   [[ -s $MILLRACE_HOME/server.json ]] && break
@@ -46,9 +49,10 @@ done
 url=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["url"])' "$MILLRACE_HOME/server.json")
 echo "dashboard test: server at $url"
 
+export MILLRACE_TOKEN=$token
 # A volume and an export for the page to show (the CLI goes through the API).
 "$bin" volume create tank/data --size 16M >/dev/null
 "$bin" export nvme add tank/data --host nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001 >/dev/null
 
 out=${DASHBOARD_OUT:-$root/bench-out/dashboard}
-node "$here/dashboard.test.js" "$url" "$bin" tank "${drives[2]}" "${drives[4]}" "$out"
+DASHBOARD_TOKEN=$token node "$here/dashboard.test.js" "$url" "$bin" tank "${drives[2]}" "${drives[4]}" "$out"
