@@ -68,7 +68,12 @@ echo 10 > /proc/fs/nfsd/nfsv4gracetime; echo 10 > /proc/fs/nfsd/nfsv4leasetime
 
 "$M" pool create tank --level raid6 --strip 64k --create 128M "$work"/d{0..5}.img > /dev/null || fail "pool create"
 serve
-step "server up (pid $spid)"
+# The server's threads are I/O flushers (PF_MEMALLOC_NOIO, 0x80000): writeback through the
+# kernel NBD client cannot deadlock on their allocations.
+noio=0
+for t in /proc/$spid/task/*/stat; do (( $(awk '{print $9}' "$t") & 0x80000 )) && noio=$((noio + 1)); done
+((noio > 0)) || fail "no thread of millrace serve is an I/O flusher (PR_SET_IO_FLUSHER)"
+step "server up (pid $spid, $noio threads are I/O flushers)"
 
 # Without clients a share is refused, and so is a client that is not an address or name.
 "$M" share create tank/data --size 320M --client 'a b' > "$work/bad.out" 2>&1 && fail "a client 'a b' was accepted"

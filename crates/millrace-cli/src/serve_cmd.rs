@@ -70,6 +70,13 @@ pub fn run(home: &Path, a: ServeArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("millrace-serve")
+        // The kernel NBD client of a share writes back through this process: its threads must
+        // not wait on that same writeback when they allocate, or memory pressure deadlocks them.
+        // PR_SET_IO_FLUSHER (57, Linux 5.6) says so; without the privilege it is just skipped.
+        // SAFETY: prctl with integer arguments only changes flags of the calling thread.
+        .on_thread_start(|| unsafe {
+            libc::prctl(57, 1, 0, 0, 0);
+        })
         .build()
         .context("cannot start the server's runtime")?;
     rt.block_on(millrace_server::run(cfg))
