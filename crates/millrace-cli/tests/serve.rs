@@ -157,6 +157,23 @@ fn volumes_and_exports_through_the_server_survive_a_restart() {
     pool(dir);
     let s = Server::start(dir, &["--nvme", "127.0.0.1:0", "--discovery-port", "0"]);
     assert!(s.url().starts_with("http://127.0.0.1:") && !s.url().ends_with(":0"));
+    // The server says where NVMe/TCP really listens, not the port 0 it was given.
+    let t0 = Instant::now();
+    while !log_of(dir).contains("NVMe/TCP on") && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = log_of(dir);
+    let at = log
+        .split("NVMe/TCP on ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("the server does not say where NVMe/TCP listens:\n{log}"));
+    let port: u16 = at.rsplit(':').next().unwrap().parse().unwrap();
+    assert!(
+        at.starts_with("127.0.0.1:") && port != 0,
+        "NVMe/TCP is said to listen on {at}"
+    );
+    std::net::TcpStream::connect(at).expect("NVMe/TCP listens where the server says");
 
     // The drives are the server's now: the CLI must be going through its API.
     let v = cli(

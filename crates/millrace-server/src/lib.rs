@@ -123,10 +123,13 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         .with_context(|| format!("cannot listen for the API on {}", cfg.api))?;
     let api_addr = api.local_addr()?;
     let scheme = if tls.is_some() { "https" } else { "http" };
+    // Where NVMe/TCP really listens (port 0 in the config picks a free port).
+    let mut nvme_at: Option<SocketAddr> = None;
     if let Some(addr) = cfg.nvme {
         let l = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot listen for NVMe/TCP on {addr}"))?;
+        nvme_at = Some(l.local_addr()?);
         let t = state.nvmf.clone();
         tokio::spawn(async move { t.serve(l).await });
         if let Some(p) = cfg.discovery_port {
@@ -179,7 +182,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         } else {
             ""
         },
-        cfg.nvme
+        nvme_at
             .map(|a| format!(
                 "{a} (discovery {})",
                 cfg.discovery_port
