@@ -109,6 +109,80 @@ fn failed_set(geo: &Geometry, failed: usize) -> Option<Vec<usize>> {
     (out.len() == failed).then_some(out)
 }
 
+/// The workloads of a named suite: seq, rand, mixed or all.
+pub fn suite(name: &str) -> Result<Vec<Workload>, String> {
+    Ok(match name {
+        "seq" => vec![Workload::SeqRead, Workload::SeqWrite],
+        "rand" => vec![Workload::RandRead, Workload::RandWrite],
+        "mixed" => vec![Workload::Mixed],
+        "all" => vec![
+            Workload::SeqRead,
+            Workload::SeqWrite,
+            Workload::RandRead,
+            Workload::RandWrite,
+            Workload::Mixed,
+        ],
+        other => {
+            return Err(format!(
+                "unknown suite '{other}': use seq, rand, mixed or all"
+            ))
+        }
+    })
+}
+
+impl Options {
+    /// Refuses what the bench cannot run on this machine, with a sentence for each case.
+    pub fn check(&self) -> Result<(), String> {
+        let (jobs, depth) = (&self.jobs, &self.iodepth);
+        if jobs.is_empty() || jobs.contains(&0) || jobs.iter().any(|&j| j > 256) {
+            return Err("jobs takes job counts from 1 to 256, like 1,4,16".into());
+        }
+        if depth.is_empty() || depth.contains(&0) || depth.iter().any(|&q| q > 256) {
+            return Err("iodepth takes depths from 1 to 256, like 1,4,16,64".into());
+        }
+        let most = jobs.iter().max().unwrap() * depth.iter().max().unwrap();
+        if most > 2048 {
+            return Err(format!("jobs times iodepth asks for {most} requests in flight; each is a thread here, and 2048 is the most this bench runs"));
+        }
+        if self
+            .bs
+            .iter()
+            .any(|&b| b == 0 || b % 512 != 0 || b > 1 << 30)
+        {
+            return Err(
+                "bs takes sizes that are whole multiples of 512 bytes, up to 1G, like 128k,1M,4M"
+                    .into(),
+            );
+        }
+        if !(self.seconds > 0.0 && self.seconds <= 600.0) {
+            return Err("seconds must be above 0 and at most 600".into());
+        }
+        if self.workloads.is_empty() {
+            return Err("there is no workload to run".into());
+        }
+        Ok(())
+    }
+}
+
+/// The setup of a simulated pool: RAM drives capped as `spec` says, with the metadata area a
+/// real drive of that size would get (journal room included).
+pub fn sim_setup(
+    spec: &sim::SimSpec,
+    level: millrace_array::Level,
+    group: Option<usize>,
+    strip: u64,
+) -> Result<Setup, String> {
+    let data_offset = 64 << 20;
+    let geo = Geometry::new(level, spec.drives, group, strip, spec.size - data_offset)?;
+    Ok(Setup {
+        geo,
+        data_offset,
+        drives: sim_drives(spec),
+        files: None,
+        simulated: true,
+    })
+}
+
 pub fn state_name(failed: usize) -> String {
     match failed {
         0 => "healthy".into(),

@@ -2,8 +2,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use clap::Args;
-use millrace_array::{Cache, Geometry, Level};
-use millrace_bench::{sim::SimSpec, Options, Setup, Workload};
+use millrace_array::{Cache, Level};
+use millrace_bench::{sim::SimSpec, Options, Setup};
 
 use crate::format::parse_bytes;
 
@@ -60,40 +60,52 @@ pub struct BenchArgs {
     plot: Option<PathBuf>,
 }
 
-fn workloads(suite: &str) -> Result<Vec<Workload>> {
-    Ok(match suite {
-        "seq" => vec![Workload::SeqRead, Workload::SeqWrite],
-        "rand" => vec![Workload::RandRead, Workload::RandWrite],
-        "mixed" => vec![Workload::Mixed],
-        "all" => vec![
-            Workload::SeqRead,
-            Workload::SeqWrite,
-            Workload::RandRead,
-            Workload::RandWrite,
-            Workload::Mixed,
-        ],
-        other => bail!("unknown suite '{other}': use seq, rand, mixed or all"),
-    })
+/// A served pool is benched by the server (it holds the drives): its read workloads only.
+pub fn run_api(api: &crate::client::Api, a: BenchArgs) -> Result<()> {
+    let Some(pool) = &a.pool else {
+        bail!("name a pool to benchmark, or simulate one with --sim 16x400M");
+    };
+    if a.write || a.rebuild {
+        bail!("pool {pool} is served by `millrace serve`: write and rebuild workloads would overwrite what it serves; stop the server to run them, or bench a simulated pool with --sim");
+    }
+    if a.plot.is_some() {
+        eprintln!("note: a served pool's bench draws no plot here; write --json and plot it from the results, or stop the server");
+    }
+    let v = api.post(
+        "/api/v1/bench",
+        &serde_json::json!({
+            "pool": pool, "suite": a.suite, "jobs": a.jobs, "iodepth": a.iodepth, "bs": a.bs,
+            "degraded": a.degraded, "seconds": a.seconds,
+        }),
+    )?;
+    let id = v["job"]
+        .as_u64()
+        .ok_or_else(|| anyhow::anyhow!("the server started no bench job"))?;
+    eprintln!("note: the server benches pool {pool}'s read workloads (job {id}); writes are left out while it serves");
+    let j = api.follow_job(id, "benchmarking")?;
+    print!("{}", j["result"]["table"].as_str().unwrap_or(""));
+    if let Some(f) = &a.json {
+        let results = serde_json::json!({ "results": j["result"]["results"] });
+        std::fs::write(f, serde_json::to_string_pretty(&results)?)
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", f.display()))?;
+        eprintln!("results written to {}", f.display());
+    }
+    Ok(())
 }
 
 pub fn run(home: &Path, a: BenchArgs) -> Result<()> {
-    if a.jobs.is_empty() || a.jobs.contains(&0) || a.jobs.iter().any(|&j| j > 256) {
-        bail!("--jobs takes job counts from 1 to 256, like 1,4,16");
+    let mut wl = millrace_bench::suite(&a.suite).map_err(anyhow::Error::msg)?;
+    Options {
+        workloads: wl.clone(),
+        jobs: a.jobs.clone(),
+        iodepth: a.iodepth.clone(),
+        bs: a.bs.clone(),
+        degraded: a.degraded.clone(),
+        seconds: a.seconds,
+        rebuild: a.rebuild,
     }
-    if a.iodepth.is_empty() || a.iodepth.contains(&0) || a.iodepth.iter().any(|&q| q > 256) {
-        bail!("--iodepth takes depths from 1 to 256, like 1,4,16,64");
-    }
-    let most = a.jobs.iter().max().unwrap() * a.iodepth.iter().max().unwrap();
-    if most > 2048 {
-        bail!("--jobs times --iodepth asks for {most} requests in flight; each is a thread here, and 2048 is the most this bench runs");
-    }
-    if a.bs.iter().any(|&b| b == 0 || b % 512 != 0 || b > 1 << 30) {
-        bail!("--bs takes sizes that are whole multiples of 512 bytes, up to 1G, like 128k,1M,4M");
-    }
-    if !(a.seconds > 0.0 && a.seconds <= 600.0) {
-        bail!("--seconds must be above 0 and at most 600");
-    }
-    let mut wl = workloads(&a.suite)?;
+    .check()
+    .map_err(|e| anyhow::anyhow!("--{e}"))?;
     let pool;
     let setup = match (&a.pool, &a.sim) {
         (Some(name), None) => {
@@ -115,25 +127,8 @@ pub fn run(home: &Path, a: BenchArgs) -> Result<()> {
                 simulated: false,
             }
         }
-        (None, Some(spec)) => {
-            // The same metadata area a real drive of this size would get (journal room included).
-            let data_offset = 64 << 20;
-            let geo = Geometry::new(
-                a.level,
-                spec.drives,
-                a.group,
-                a.strip,
-                spec.size - data_offset,
-            )
-            .map_err(anyhow::Error::msg)?;
-            Setup {
-                geo,
-                data_offset,
-                drives: millrace_bench::sim_drives(spec),
-                files: None,
-                simulated: true,
-            }
-        }
+        (None, Some(spec)) => millrace_bench::sim_setup(spec, a.level, a.group, a.strip)
+            .map_err(anyhow::Error::msg)?,
         _ => bail!("name a pool to benchmark, or simulate one with --sim 16x400M"),
     };
     if setup.files.is_some() && !millrace_bench::fio::available() {

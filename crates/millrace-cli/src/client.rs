@@ -79,10 +79,6 @@ impl Api {
         Ok(Api { base, token, agent })
     }
 
-    pub fn base(&self) -> &str {
-        &self.base
-    }
-
     fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
     }

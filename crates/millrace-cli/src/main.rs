@@ -108,12 +108,10 @@ fn main() {
             Cmd::Share(c) => share_cmd::run(home, api, c),
             Cmd::Io(c) => io_cmd::run(home, api, c),
             Cmd::Status { json } => pool_cmd::status(home, api, json),
-            Cmd::Bench(a) => {
-                if let (Some(a2), Some(p)) = (api, &a.pool) {
-                    anyhow::bail!("pool {p} is held by the running server at {}; stop it to bench the pool, or bench a simulated pool with --sim", a2.base());
-                }
-                bench_cmd::run(home, a)
-            }
+            Cmd::Bench(a) => match api {
+                Some(api) if a.pool.is_some() => bench_cmd::run_api(api, a),
+                _ => bench_cmd::run(home, a),
+            },
             Cmd::Serve(_) => unreachable!("handled above"),
         }
     })();

@@ -163,6 +163,7 @@ pub fn router(state: Arc<State>, token: Option<String>) -> Router {
             get(volume).patch(grow_volume).delete(delete_volume),
         )
         .route("/api/v1/jobs", get(jobs))
+        .route("/api/v1/bench", post(bench))
         .route("/api/v1/jobs/{id}", get(job))
         .route("/api/v1/exports", get(exports))
         .route("/api/v1/exports/nvme", post(add_nvme))
@@ -398,6 +399,14 @@ async fn replace(AxState(s): S, P(p): P<String>, Body(r): Body<ReplaceReq>) -> R
 struct ScrubReq {
     #[serde(default)]
     repair: bool,
+}
+
+async fn bench(
+    AxState(s): S,
+    Body(r): Body<crate::bench::BenchRequest>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let id = blocking(move || s.start_bench(r)).await?;
+    Ok((StatusCode::ACCEPTED, Json(json!({ "job": id }))))
 }
 
 async fn scrub(

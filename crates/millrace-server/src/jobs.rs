@@ -112,6 +112,13 @@ impl Jobs {
             .map(|j| j.id)
     }
 
+    pub fn running_id_of_kind(&self, kind: &str) -> Option<u64> {
+        self.list()
+            .into_iter()
+            .find(|j| j.kind == kind && j.state == "running")
+            .map(|j| j.id)
+    }
+
     pub fn running_for(&self, pool: &str) -> bool {
         self.list()
             .iter()

@@ -7,6 +7,7 @@
 #![recursion_limit = "256"]
 
 mod api;
+mod bench;
 mod exports;
 mod jobs;
 mod metered;

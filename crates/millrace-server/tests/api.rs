@@ -699,3 +699,72 @@ fn a_bad_certificate_stops_the_start_with_a_sentence() {
     assert!(msg.contains("bad.crt") && msg.contains("PEM"), "{msg}");
     assert!(!millrace_server::server_file(&dir.path().join("home")).exists());
 }
+
+#[test]
+fn bench_runs_are_jobs_with_the_bench_results() {
+    let s = start(None);
+    s.create_pool("bp");
+    // A simulated pool: every workload, measured in a fraction of a second per point.
+    let (st, v) = s.post(
+        "/api/v1/bench",
+        json!({"sim": "4x100M", "level": "raid5", "strip_bytes": 65536, "suite": "seq",
+               "jobs": [1], "degraded": [0, 1], "seconds": 0.2}),
+    );
+    assert_eq!(st, 202, "{v}");
+    let j = s.wait_job(v["job"].as_u64().unwrap());
+    assert_eq!(j["state"], "done", "{j}");
+    assert_eq!(j["kind"], "bench");
+    let results = j["result"]["results"].as_array().unwrap();
+    // seq read and seq write, healthy and one failed.
+    assert_eq!(results.len(), 4, "{j}");
+    for r in results {
+        for k in [
+            "level",
+            "drives",
+            "state",
+            "workload",
+            "bs_bytes",
+            "jobs",
+            "iodepth",
+            "value",
+            "unit",
+            "raw_value",
+            "ratio",
+        ] {
+            assert!(!r[k].is_null(), "{k} missing in {r}");
+        }
+        assert_eq!(r["level"], "raid5");
+        assert!(r["value"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    assert!(j["result"]["table"]
+        .as_str()
+        .unwrap()
+        .contains("raw drives"));
+
+    // A served pool: its reads only, since writes would overwrite what it serves.
+    let (st, v) = s.post(
+        "/api/v1/bench",
+        json!({"pool": "bp", "suite": "seq", "jobs": [1], "degraded": [0], "seconds": 0.1}),
+    );
+    assert_eq!(st, 202, "{v}");
+    let j = s.wait_job(v["job"].as_u64().unwrap());
+    assert_eq!(j["state"], "done", "{j}");
+    let results = j["result"]["results"].as_array().unwrap();
+    assert!(!results.is_empty());
+    assert!(results.iter().all(|r| r["workload"] == "seq_read"), "{j}");
+    let msg = refused(
+        s.post("/api/v1/bench", json!({"pool": "bp", "suite": "mixed"})),
+        400,
+    );
+    assert!(msg.contains("overwrite"), "{msg}");
+    refused(
+        s.post("/api/v1/bench", json!({"sim": "lots of drives"})),
+        400,
+    );
+    refused(
+        s.post("/api/v1/bench", json!({"sim": "4x100M", "jobs": [0]})),
+        400,
+    );
+    let (_, p) = s.get("/api/v1/pools/bp");
+    assert_eq!(p["state"], "online", "benching changed the pool: {p}");
+}
