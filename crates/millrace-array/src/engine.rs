@@ -1186,6 +1186,9 @@ impl millrace_block::BlockDevice for Array {
     fn preferred_io_bytes(&self) -> u64 {
         self.geo.full_stripe_bytes()
     }
+    fn min_io_bytes(&self) -> u64 {
+        self.geo.strip
+    }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         Array::read_at(self, offset, buf).map_err(Into::into)
     }

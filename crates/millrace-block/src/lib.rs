@@ -15,6 +15,12 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn preferred_io_bytes(&self) -> u64 {
         4096
     }
+    /// The smallest write that performs well: a parity array's strip. With
+    /// [`BlockDevice::preferred_io_bytes`] it is what Linux md reports as io_min and io_opt, from
+    /// which filesystems take their stripe unit and width (mkfs.xfs su and sw).
+    fn min_io_bytes(&self) -> u64 {
+        self.block_bytes() as u64
+    }
     /// The smallest unit the device writes atomically with respect to itself.
     fn block_bytes(&self) -> u32 {
         4096

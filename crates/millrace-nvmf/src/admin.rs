@@ -224,9 +224,13 @@ pub(crate) fn identify_namespace(ns: &Ns) -> Vec<u8> {
     b[30] = 1; // NMIC: may be shared by several controllers
     b[33] = 1; // DLFEAT: deallocated blocks read as zeroes
     if ns.pref_blocks > 0 {
+        // As md reports io_min and io_opt: writes of a strip, aligned to one, are the
+        // granularity (Linux takes io_min from NPWG), and a full stripe is the optimal size
+        // (io_opt from NOWS), so mkfs.xfs takes su = strip and sw = data drives.
         let g = (ns.pref_blocks.min(65536) - 1) as u16;
-        put16(&mut b, 64, g); // NPWG
-        put16(&mut b, 66, g); // NPWA
+        let m = (ns.min_blocks.clamp(1, 65536) - 1) as u16;
+        put16(&mut b, 64, m); // NPWG
+        put16(&mut b, 66, m); // NPWA
         put16(&mut b, 68, g); // NPDG
         put16(&mut b, 70, g); // NPDA
         put16(&mut b, 72, g); // NOWS

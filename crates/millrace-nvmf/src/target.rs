@@ -176,6 +176,8 @@ pub(crate) struct Ns {
     pub blocks: u64,
     /// Preferred write granularity in blocks (0: none reported).
     pub pref_blocks: u64,
+    /// The device's minimum efficient write in blocks (a strip), at most `pref_blocks`.
+    pub min_blocks: u64,
 }
 
 impl Ns {
@@ -208,6 +210,16 @@ impl Ns {
         } else {
             0
         };
+        let min = n.dev.min_io_bytes();
+        let min_blocks = if min >= block as u64
+            && min.is_multiple_of(block as u64)
+            && pref_blocks > 0
+            && (pref >> lba_shift).is_multiple_of(min >> lba_shift)
+        {
+            min >> lba_shift
+        } else {
+            pref_blocks
+        };
         Ok(Ns {
             nsid: n.nsid,
             dev: n.dev,
@@ -216,6 +228,7 @@ impl Ns {
             lba_shift,
             blocks,
             pref_blocks,
+            min_blocks,
         })
     }
     pub fn block_bytes(&self) -> u32 {

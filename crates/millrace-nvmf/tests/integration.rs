@@ -621,3 +621,61 @@ async fn sixty_four_parallel_big_writes_stay_within_the_buffer_budget() {
     let d = c.io[0].read(1, 0, 256, 4096).await.unwrap();
     assert_eq!(d.len(), 1 << 20);
 }
+
+/// A parity array's geometry: 64 KiB strips, 256 KiB full stripes.
+struct Striped(MemBlockDevice);
+
+impl BlockDevice for Striped {
+    fn size_bytes(&self) -> u64 {
+        self.0.size_bytes()
+    }
+    fn preferred_io_bytes(&self) -> u64 {
+        256 << 10
+    }
+    fn min_io_bytes(&self) -> u64 {
+        64 << 10
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.0.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.0.write_at(offset, data)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+#[tokio::test]
+async fn namespace_reports_strip_and_full_stripe_as_md_does() {
+    let t = Target::new(TargetConfig::default());
+    t.add_subsystem(SubsystemConfig {
+        nqn: NQN.into(),
+        serial: "MR-TEST".into(),
+        model: "Millrace test".into(),
+        namespaces: vec![Namespace {
+            nsid: 1,
+            dev: Arc::new(Striped(MemBlockDevice::new(SIZE))),
+            uuid: [0x11; 16],
+            nguid: [0x22; 16],
+        }],
+        allowed_hosts: vec![HOST.into()],
+        allow_any_host: false,
+    })
+    .unwrap();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let t2 = t.clone();
+    tokio::spawn(async move { t2.serve(l).await });
+    let c = HostController::connect(addr, NQN, &host(), 1)
+        .await
+        .unwrap();
+    let ns = c.admin.identify(0, 1).await.unwrap();
+    let f = |o: usize| u16::from_le_bytes([ns[o], ns[o + 1]]) as u64 + 1;
+    assert_ne!(ns[24] & (1 << 4), 0, "OPTPERF set");
+    // Linux: io_min from NPWG, io_opt from NOWS (in 4 KiB blocks, zero-based).
+    assert_eq!(f(64), 16, "NPWG: a 64 KiB strip");
+    assert_eq!(f(66), 16, "NPWA: aligned to a strip");
+    assert_eq!(f(72), 64, "NOWS: a 256 KiB full stripe");
+    assert_eq!(f(68), 64, "NPDG: discards by full stripes");
+}

@@ -71,6 +71,9 @@ impl BlockDevice for Volume {
     fn preferred_io_bytes(&self) -> u64 {
         self.dev.preferred_io_bytes()
     }
+    fn min_io_bytes(&self) -> u64 {
+        self.dev.min_io_bytes()
+    }
     fn block_bytes(&self) -> u32 {
         self.dev.block_bytes()
     }
