@@ -334,13 +334,60 @@ fn umount(mountpoint: &Path) -> Result<(), String> {
         }
         match run("umount", &[&mp]) {
             Ok(_) => return Ok(()),
-            Err(e) if t0.elapsed() > Duration::from_secs(15) => return Err(e),
+            Err(_) if t0.elapsed() > Duration::from_secs(5) => break,
             Err(_) => {
                 let _ = run("exportfs", &["-f"]);
                 std::thread::sleep(Duration::from_millis(300));
             }
         }
     }
+    // Clients that keep the share mounted (even idle) leave nfsd holding it after the
+    // unexport: its file cache and NFSv4 state pin it. Stopping nfsd's threads for a moment
+    // lets go of everything; clients (hard mounts, the default) just retry until it is back.
+    let threads: u32 = std::fs::read_to_string("/proc/fs/nfsd/threads")
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0);
+    if threads == 0 {
+        return run("umount", &[&mp]).map(|_| ());
+    }
+    tracing::warn!(
+        "{mp} is still held after the unexport; restarting nfsd's {threads} threads to release it"
+    );
+    let _ = run("rpc.nfsd", &["0"]);
+    let mut r = Err(String::new());
+    for _ in 0..20 {
+        r = run("umount", &[&mp]).map(|_| ());
+        if r.is_ok() || !is_mounted(mountpoint) {
+            r = Ok(());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    if let Err(e) = start_nfsd(threads) {
+        tracing::error!("cannot restart nfsd after unmounting {mp}: {e}");
+    }
+    r
+}
+
+/// Starts nfsd's threads offering NFSv3 and v4.x.
+fn start_nfsd(threads: u32) -> Result<(), String> {
+    run(
+        "rpc.nfsd",
+        &[
+            "-V",
+            "3",
+            "-V",
+            "4",
+            "-V",
+            "4.1",
+            "-V",
+            "4.2",
+            &threads.to_string(),
+        ],
+    )?;
+    add_rdma_port();
+    Ok(())
 }
 
 /// Starts the kernel NFS server if it is not running; leaves a running one (and its thread
@@ -386,12 +433,7 @@ fn ensure_nfs_server() -> Result<(), String> {
     if threads == 0 {
         // Sized to the machine: nfsd threads mostly wait on the disks, so several per core.
         let n = std::thread::available_parallelism().map_or(2, |n| n.get()) as u32;
-        let n = (4 * n).max(8).to_string();
-        run(
-            "rpc.nfsd",
-            &["-V", "3", "-V", "4", "-V", "4.1", "-V", "4.2", &n],
-        )?;
-        add_rdma_port();
+        start_nfsd((4 * n).max(8))?;
     }
     if !registered().contains("mountd") {
         start_daemon("rpc.mountd", &[])?;
