@@ -373,4 +373,11 @@ fn volumes_and_exports_recorded_offline_are_served_by_a_later_serve() {
         "the server does not serve it: {ex:?}"
     );
     s.stop();
+
+    // A server with no NVMe/TCP port does not claim to serve the export.
+    let s = Server::start(dir, &["--no-nvme"]);
+    let ex = nvme_exports(dir);
+    assert_eq!(ex.len(), 1, "{ex:?}");
+    assert_eq!(ex[0]["serving"], false, "--no-nvme, yet: {ex:?}");
+    s.stop();
 }

@@ -364,7 +364,7 @@ impl State {
                         .unwrap_or_default();
                     nvme.push(serde_json::json!({
                         "pool": pool, "volume": v.name, "nqn": c.nqn, "hosts": c.hosts,
-                        "allow_any_host": c.allow_any_host, "serving": live.is_some(),
+                        "allow_any_host": c.allow_any_host, "serving": live.is_some() && self.nvme_listening.load(std::sync::atomic::Ordering::Relaxed),
                         "connections": connections,
                     }));
                 }

@@ -131,6 +131,9 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
             .await
             .with_context(|| format!("cannot listen for NVMe/TCP on {addr}"))?;
         nvme_at = Some(l.local_addr()?);
+        state
+            .nvme_listening
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         let t = state.nvmf.clone();
         tokio::spawn(async move { t.serve(l).await });
         if let Some(p) = cfg.discovery_port {

@@ -26,6 +26,8 @@ pub struct State {
     pub home: PathBuf,
     /// Exports are live (a server runs); otherwise they are only recorded.
     pub serving: bool,
+    /// The NVMe/TCP port listens (not so under `millrace serve --no-nvme`).
+    pub nvme_listening: std::sync::atomic::AtomicBool,
     pools: RwLock<BTreeMap<String, Arc<PoolEntry>>>,
     /// Pools the cache knows that could not be assembled, with the reason.
     pub unavailable: RwLock<BTreeMap<String, String>>,
@@ -106,6 +108,7 @@ impl State {
         let cache = Cache::load(home)?;
         let state = State {
             serving,
+            nvme_listening: Default::default(),
             home: home.to_path_buf(),
             pools: RwLock::new(BTreeMap::new()),
             unavailable: RwLock::new(BTreeMap::new()),
