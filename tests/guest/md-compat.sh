@@ -64,7 +64,7 @@ $M pool create blk --level raid6 --strip 64k "${blk[@]}" >/dev/null || fail "poo
 head -c 20000000 /dev/urandom > "$work/bd"
 $M io write blk --offset 4097 --input "$work/bd"
 $M io read blk --offset 4097 --length 20000000 | cmp - "$work/bd" || fail "block-device pool reads different bytes"
-$M pool show blk --json | grep -q '"path": "/dev/loop' || fail "pool show does not list the block devices"
+$M pool show blk --json | grep '"path": "/dev/loop' >/dev/null || fail "pool show does not list the block devices"
 for l in "${blk[@]}"; do losetup -d "$l"; done
 echo "md-compat: RAID6 on block devices (loop) round-trips"
 echo "md-compat: passed"
