@@ -31,6 +31,40 @@ pub enum IoCmd {
     },
 }
 
+/// Standard input, or the file given.
+fn open_input(input: Option<&Path>) -> Result<Box<dyn Read>> {
+    Ok(match input {
+        Some(f) => Box::new(
+            std::fs::File::open(f).with_context(|| format!("cannot open {}", f.display()))?,
+        ),
+        None => Box::new(std::io::stdin().lock()),
+    })
+}
+
+/// Standard output, or the file given (created).
+fn open_output(output: Option<&Path>) -> Result<Box<dyn Write>> {
+    Ok(match output {
+        Some(f) => Box::new(
+            std::fs::File::create(f).with_context(|| format!("cannot create {}", f.display()))?,
+        ),
+        None => Box::new(std::io::stdout().lock()),
+    })
+}
+
+/// Reads until `buf` is full or the input ends (a pipe hands over short reads); returns the
+/// bytes read, 0 at the end.
+fn fill(src: &mut dyn Read, buf: &mut [u8]) -> Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        let r = src.read(&mut buf[n..]).context("cannot read the input")?;
+        if r == 0 {
+            break;
+        }
+        n += r;
+    }
+    Ok(n)
+}
+
 /// Streams in chunks of whole full stripes, so aligned input is written without read-modify-write.
 fn chunk_bytes(full_stripe: u64) -> usize {
     (full_stripe * (8u64 << 20).div_ceil(full_stripe).max(1)) as usize
@@ -71,24 +105,11 @@ fn run_api(api: &Api, cmd: IoCmd) -> Result<()> {
             offset,
             input,
         } => {
-            let mut src: Box<dyn Read> = match &input {
-                Some(f) => Box::new(
-                    std::fs::File::open(f)
-                        .with_context(|| format!("cannot open {}", f.display()))?,
-                ),
-                None => Box::new(std::io::stdin().lock()),
-            };
+            let mut src = open_input(input.as_deref())?;
             let mut buf = vec![0u8; PIECE];
             let mut pos = offset;
             loop {
-                let mut n = 0;
-                while n < buf.len() {
-                    let r = src.read(&mut buf[n..]).context("cannot read the input")?;
-                    if r == 0 {
-                        break;
-                    }
-                    n += r;
-                }
+                let n = fill(&mut src, &mut buf)?;
                 if n == 0 {
                     break;
                 }
@@ -110,13 +131,7 @@ fn run_api(api: &Api, cmd: IoCmd) -> Result<()> {
             length,
             output,
         } => {
-            let mut dst: Box<dyn Write> = match &output {
-                Some(f) => Box::new(
-                    std::fs::File::create(f)
-                        .with_context(|| format!("cannot create {}", f.display()))?,
-                ),
-                None => Box::new(std::io::stdout().lock()),
-            };
+            let mut dst = open_output(output.as_deref())?;
             let mut done = 0u64;
             while done < length {
                 let n = (length - done).min(PIECE as u64);
@@ -146,24 +161,11 @@ pub fn run(home: &Path, api: Option<&Api>, cmd: IoCmd) -> Result<()> {
             if offset > size {
                 bail!("offset {offset} lies past the end of pool '{pool}' ({size} bytes)");
             }
-            let mut src: Box<dyn Read> = match &input {
-                Some(f) => Box::new(
-                    std::fs::File::open(f)
-                        .with_context(|| format!("cannot open {}", f.display()))?,
-                ),
-                None => Box::new(std::io::stdin().lock()),
-            };
+            let mut src = open_input(input.as_deref())?;
             let mut buf = vec![0u8; chunk_bytes(p.array().geometry().full_stripe_bytes())];
             let mut pos = offset;
             loop {
-                let mut n = 0;
-                while n < buf.len() {
-                    let r = src.read(&mut buf[n..]).context("cannot read the input")?;
-                    if r == 0 {
-                        break;
-                    }
-                    n += r;
-                }
+                let n = fill(&mut src, &mut buf)?;
                 if n == 0 {
                     break;
                 }
@@ -196,13 +198,7 @@ pub fn run(home: &Path, api: Option<&Api>, cmd: IoCmd) -> Result<()> {
                     "the range {offset}+{length} lies past the end of pool '{pool}' ({size} bytes)"
                 );
             }
-            let mut dst: Box<dyn Write> = match &output {
-                Some(f) => Box::new(
-                    std::fs::File::create(f)
-                        .with_context(|| format!("cannot create {}", f.display()))?,
-                ),
-                None => Box::new(std::io::stdout().lock()),
-            };
+            let mut dst = open_output(output.as_deref())?;
             let mut buf = vec![0u8; chunk_bytes(p.array().geometry().full_stripe_bytes())];
             let mut done = 0u64;
             while done < length {
