@@ -65,6 +65,36 @@ fn fill(src: &mut dyn Read, buf: &mut [u8]) -> Result<usize> {
     Ok(n)
 }
 
+/// Streams `src` into a pool from `offset` through `write`, in pieces of at most `chunk` bytes
+/// whose boundaries after the first fall on multiples of `align` in the pool. So every piece but
+/// the edges covers whole stripes (no read-modify-write), and, as `align` is a multiple of the
+/// 4 KiB sector, no sector is split between two pieces: a process killed between pieces leaves
+/// each sector wholly old or wholly new, as it promises for one write. Returns the end offset.
+fn write_stream(
+    src: &mut dyn Read,
+    offset: u64,
+    chunk: usize,
+    align: u64,
+    mut write: impl FnMut(u64, &[u8]) -> Result<()>,
+) -> Result<u64> {
+    debug_assert!(align > 0 && chunk as u64 >= align && align.is_multiple_of(4096));
+    let mut buf = vec![0u8; chunk];
+    let mut pos = offset;
+    loop {
+        let want = chunk - (pos % align) as usize;
+        let n = fill(src, &mut buf[..want])?;
+        if n == 0 {
+            break;
+        }
+        write(pos, &buf[..n])?;
+        pos += n as u64;
+        if n < want {
+            break;
+        }
+    }
+    Ok(pos)
+}
+
 /// Streams in chunks of whole full stripes, so aligned input is written without read-modify-write.
 fn chunk_bytes(full_stripe: u64) -> usize {
     (full_stripe * (8u64 << 20).div_ceil(full_stripe).max(1)) as usize
@@ -106,22 +136,10 @@ fn run_api(api: &Api, cmd: IoCmd) -> Result<()> {
             input,
         } => {
             let mut src = open_input(input.as_deref())?;
-            let mut buf = vec![0u8; PIECE];
-            let mut pos = offset;
-            loop {
-                let n = fill(&mut src, &mut buf)?;
-                if n == 0 {
-                    break;
-                }
-                api.write_bytes(&seg(&pool), pos, &buf[..n])
-                    .with_context(|| {
-                        format!("{} bytes were written, from {offset}", pos - offset)
-                    })?;
-                pos += n as u64;
-                if n < buf.len() {
-                    break;
-                }
-            }
+            let pos = write_stream(&mut src, offset, PIECE, PIECE as u64, |at, data| {
+                api.write_bytes(&seg(&pool), at, data)
+                    .with_context(|| format!("{} bytes were written, from {offset}", at - offset))
+            })?;
             eprintln!("wrote {} bytes at offset {offset}", pos - offset);
             Ok(())
         }
@@ -162,23 +180,15 @@ pub fn run(home: &Path, api: Option<&Api>, cmd: IoCmd) -> Result<()> {
                 bail!("offset {offset} lies past the end of pool '{pool}' ({size} bytes)");
             }
             let mut src = open_input(input.as_deref())?;
-            let mut buf = vec![0u8; chunk_bytes(p.array().geometry().full_stripe_bytes())];
-            let mut pos = offset;
-            loop {
-                let n = fill(&mut src, &mut buf)?;
-                if n == 0 {
-                    break;
-                }
-                if pos + n as u64 > size {
+            let fs = p.array().geometry().full_stripe_bytes();
+            let written = write_stream(&mut src, offset, chunk_bytes(fs), fs, |at, data| {
+                if at + data.len() as u64 > size {
                     p.close()?;
-                    bail!("the input runs past the end of pool '{pool}' ({size} bytes); {} bytes were written, from {offset}", pos - offset);
+                    bail!("the input runs past the end of pool '{pool}' ({size} bytes); {} bytes were written, from {offset}", at - offset);
                 }
-                p.write_at(pos, &buf[..n])?;
-                pos += n as u64;
-                if n < buf.len() {
-                    break;
-                }
-            }
+                Ok(p.write_at(at, data)?)
+            });
+            let pos = written?;
             p.close()?;
             eprintln!("wrote {} bytes at offset {offset}", pos - offset);
             start_pending_rebuild(home, &p, had_rebuild);
@@ -212,6 +222,65 @@ pub fn run(home: &Path, api: Option<&Api>, cmd: IoCmd) -> Result<()> {
             p.close()?;
             start_pending_rebuild(home, &p, had_rebuild);
             Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::write_stream;
+    use proptest::prelude::*;
+
+    /// Hands over at most `step` bytes per read, as a pipe does.
+    struct Trickle<'a> {
+        data: &'a [u8],
+        step: usize,
+    }
+
+    impl std::io::Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(self.step).min(self.data.len());
+            buf[..n].copy_from_slice(&self.data[..n]);
+            self.data = &self.data[n..];
+            Ok(n)
+        }
+    }
+
+    proptest! {
+        /// The pieces put together are the input, at the right place, and every boundary
+        /// between two pieces lies on a multiple of `align`: so no 4 KiB sector is split
+        /// between two writes that a crash could separate.
+        #[test]
+        fn pieces_cover_the_input_and_meet_on_aligned_boundaries(
+            offset in 0u64..1 << 22,
+            len in 0usize..300_000,
+            align_sectors in 1u64..8,
+            chunk_aligns in 1usize..4,
+            step in 1usize..70_000,
+        ) {
+            let align = align_sectors * 4096;
+            let chunk = chunk_aligns * align as usize;
+            let data: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+            let mut src = Trickle { data: &data, step };
+            let mut pieces: Vec<(u64, Vec<u8>)> = Vec::new();
+            let end = write_stream(&mut src, offset, chunk, align, |at, d| {
+                pieces.push((at, d.to_vec()));
+                Ok(())
+            })
+            .unwrap();
+            prop_assert_eq!(end, offset + len as u64);
+            let mut pos = offset;
+            let mut joined = Vec::new();
+            for (i, (at, d)) in pieces.iter().enumerate() {
+                prop_assert_eq!(*at, pos);
+                prop_assert!(!d.is_empty() && d.len() <= chunk);
+                if i > 0 {
+                    prop_assert!(at.is_multiple_of(align), "piece {} starts at {}", i, at);
+                }
+                joined.extend_from_slice(d);
+                pos += d.len() as u64;
+            }
+            prop_assert_eq!(joined, data);
         }
     }
 }
