@@ -8,7 +8,7 @@
 //! concurrent writes to one stripe never leave its parity wrong.
 
 use std::io;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -115,11 +115,22 @@ pub struct Array {
     on_failure: RwLock<Option<FailureHook>>,
     /// The write-intent bitmap, where the metadata area has room for one.
     bitmap: Option<crate::bitmap::Bitmap>,
-    /// Serialises journaled (degraded) writes; holds the next record's sequence number.
-    journal: Mutex<u64>,
+    /// Serialises journaled (degraded) writes; holds the next record's sequence number and
+    /// the drives that may hold a record not yet retired.
+    journal: Mutex<JournalState>,
+    /// Some drive may hold a record not yet retired (a cheap check for the healthy write path).
+    journal_pending: AtomicBool,
     pub stats: Stats,
     /// Per member slot, in member order.
     pub member_stats: Vec<MemberStats>,
+}
+
+/// Where the degraded-write journal stands.
+struct JournalState {
+    /// The next record's sequence number.
+    seq: u64,
+    /// Drives holding the last record, left unretired (see `Array::journaled_write`).
+    pending: Vec<Arc<dyn Drive>>,
 }
 
 fn state_code(s: MemberState) -> u8 {
@@ -204,7 +215,11 @@ impl Array {
             bitmap: crate::bitmap::region_rows(geo.rows(), geo.strip, data_offset)
                 .filter(|_| geo.tolerance_per_group() > 0)
                 .map(|rr| crate::bitmap::Bitmap::new(geo.rows(), rr)),
-            journal: Mutex::new(1),
+            journal: Mutex::new(JournalState {
+                seq: 1,
+                pending: Vec::new(),
+            }),
+            journal_pending: AtomicBool::new(false),
             stats: Stats::default(),
             member_stats: (0..geo.members).map(|_| MemberStats::default()).collect(),
         }
@@ -239,6 +254,7 @@ impl Array {
     /// Flushes, then clears the write-intent bitmap: everything written so far is consistent.
     pub fn settle(&self) -> Result<()> {
         self.flush()?;
+        self.retire_journal();
         if let Some(b) = &self.bitmap {
             b.clear(&self.live_drives());
         }
@@ -1015,6 +1031,7 @@ impl Array {
             if journaled {
                 self.journaled_write(&mut ops)?;
             } else {
+                self.retire_journal();
                 self.run(&mut ops);
             }
         }
@@ -1058,11 +1075,19 @@ impl Array {
         }
     }
 
-    /// Writes a degraded pool's ops through the journal (see journal.rs): record on every
-    /// member in service, durable; in place, durable; retired.
+    /// Writes a degraded pool's ops through the journal (see journal.rs): the record on enough
+    /// members, durable; then in place, durable.
+    ///
+    /// The record is not retired afterwards. The holders are the same drives for every record,
+    /// so the next record overwrites it; a crash that tears that overwrite leaves no whole
+    /// record, or the previous one, which is already durable in place, so replaying it changes
+    /// nothing. That saves a write and a flush per holder on every degraded write. A record left
+    /// unretired must never be replayed over data written later without the journal, so it is
+    /// retired, durably, before any such write (`retire_journal`), before records go to other
+    /// holders, and at a clean stop.
     fn journaled_write(&self, ops: &mut [Op]) -> Result<()> {
         let cap = crate::journal::capacity(self.data_offset);
-        let mut seq = self.journal.lock();
+        let mut j = self.journal.lock();
         let entries: Vec<crate::journal::Entry> = ops
             .iter()
             .map(|o| crate::journal::Entry {
@@ -1074,32 +1099,41 @@ impl Array {
                 },
             })
             .collect();
-        let Some(rec) = crate::journal::encode(*seq, &entries, cap) else {
+        let Some(rec) = crate::journal::encode(j.seq, &entries, cap) else {
             static ONCE: std::sync::Once = std::sync::Once::new();
             ONCE.call_once(|| {
                 tracing::warn!("a degraded write is larger than the journal ({cap} bytes per member); it is written without journaling, so a crash during it is not protected")
             });
+            self.retire_pending(&mut j, &[]);
             self.run(ops);
             return Ok(());
         };
-        *seq += 1;
+        j.seq += 1;
         // Copies enough to outlive every further failure the pool still survives: one more
-        // than its remaining redundancy, on members taken in turn so the load spreads.
+        // than its remaining redundancy.
         let live = self.live_drives();
         let lost = (0..self.geo.members).filter(|&m| !self.writable(m)).count();
         let copies = (self.geo.tolerance_per_group().saturating_sub(lost) + 1).min(live.len());
-        let first = (*seq as usize) % live.len().max(1);
-        let holders: Vec<Arc<dyn Drive>> = (0..copies)
-            .map(|i| live[(first + i) % live.len()].clone())
-            .collect();
-        let mut durable = false;
-        for d in &holders {
-            durable |= d
-                .write_at(&rec, crate::journal::JOURNAL_OFFSET)
-                .and_then(|_| d.flush())
-                .is_ok();
-        }
-        if !durable {
+        let holders: Vec<Arc<dyn Drive>> = live[..copies].to_vec();
+        self.retire_pending(&mut j, &holders);
+        let written: Vec<bool> = std::thread::scope(|s| {
+            let hs: Vec<_> = holders
+                .iter()
+                .map(|d| {
+                    let rec = &rec;
+                    s.spawn(move || {
+                        d.write_at(rec, crate::journal::JOURNAL_OFFSET)
+                            .and_then(|_| d.flush())
+                            .is_ok()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        // Even a holder whose write failed may hold part of the record: it counts as pending.
+        j.pending = holders;
+        self.journal_pending.store(true, Ordering::Release);
+        if !written.iter().any(|&w| w) {
             return Err(self.offline_group().unwrap_or(ArrayError::Offline {
                 group: 0,
                 lost: self.geo.members,
@@ -1107,19 +1141,68 @@ impl Array {
             }));
         }
         self.run(ops);
-        let members: Vec<usize> = ops.iter().map(|o| o.member).collect();
+        let mut members: Vec<usize> = ops.iter().map(|o| o.member).collect();
+        members.sort_unstable();
+        members.dedup();
         let drives = self.drives.load_full();
-        for m in members {
-            if self.writable(m) {
-                if let Err(e) = drives[m].flush() {
-                    if Arc::ptr_eq(&drives[m], &self.drives.load()[m]) {
-                        self.fail_member(m, &e);
-                    }
+        let flushed: Vec<(usize, io::Result<()>)> = std::thread::scope(|s| {
+            let hs: Vec<_> = members
+                .iter()
+                .filter(|&&m| self.writable(m))
+                .map(|&m| {
+                    let d = &drives[m];
+                    s.spawn(move || (m, d.flush()))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (m, r) in flushed {
+            if let Err(e) = r {
+                if Arc::ptr_eq(&drives[m], &self.drives.load()[m]) {
+                    self.fail_member(m, &e);
                 }
             }
         }
-        crate::journal::retire(&holders);
         Ok(())
+    }
+
+    /// Retires, durably, the records on pending drives other than `keep`.
+    fn retire_pending(&self, j: &mut JournalState, keep: &[Arc<dyn Drive>]) {
+        let stale: Vec<Arc<dyn Drive>> = j
+            .pending
+            .iter()
+            .filter(|d| !keep.iter().any(|k| Arc::ptr_eq(k, d)))
+            .cloned()
+            .collect();
+        crate::journal::retire(&stale);
+        j.pending.retain(|d| keep.iter().any(|k| Arc::ptr_eq(k, d)));
+        if j.pending.is_empty() {
+            self.journal_pending.store(false, Ordering::Release);
+        }
+    }
+
+    /// Retires the last journal record, durably, if one is left: before a write that does not
+    /// go through the journal could be undone by replaying it, and at a clean stop.
+    pub fn retire_journal(&self) {
+        if self.journal_pending.load(Ordering::Acquire) {
+            let mut j = self.journal.lock();
+            self.retire_pending(&mut j, &[]);
+        }
+    }
+
+    /// At the start of a pool that was stopped cleanly: every write of the last run is in place,
+    /// so a journal record still found there is stale and must never be replayed later.
+    /// Retires it; returns whether there was one.
+    pub fn discard_journal(&self) -> bool {
+        let cap = crate::journal::capacity(self.data_offset);
+        let live = self.live_drives();
+        let found = live
+            .iter()
+            .any(|d| crate::journal::read(d.as_ref(), cap, self.geo.members).is_some());
+        if found {
+            crate::journal::retire(&live);
+        }
+        found
     }
 
     /// After a crash: writes the newest whole journal record in place again, then retires it.
@@ -1146,7 +1229,10 @@ impl Array {
         self.run(&mut ops);
         let _ = self.flush();
         crate::journal::retire(&live);
-        *self.journal.lock() = seq + 1;
+        let mut j = self.journal.lock();
+        j.seq = seq + 1;
+        j.pending.clear();
+        self.journal_pending.store(false, Ordering::Release);
         true
     }
 

@@ -642,6 +642,11 @@ impl Pool {
             }
             if !pool.superblock().clean {
                 pool.recover_after_crash()?;
+            } else if pool.array.geometry().level.is_parity() && pool.array.discard_journal() {
+                tracing::warn!(
+                    "pool '{}': retired a journal record that a clean stop had left behind",
+                    pool.name()
+                );
             }
             pools.push(pool);
         }
