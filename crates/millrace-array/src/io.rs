@@ -15,6 +15,8 @@ use crate::drive::Drive;
 pub enum OpBuf<'a> {
     Read(&'a mut [u8]),
     Write(&'a [u8]),
+    /// Makes the member's completed writes durable (fdatasync).
+    Flush,
 }
 
 pub struct Op<'a> {
@@ -39,6 +41,15 @@ impl<'a> Op<'a> {
             buf: OpBuf::Write(buf),
         }
     }
+    /// A flush of the member: in one batch, every member's flush is in flight at once (a batch
+    /// gives no order, so flushes go in a batch after the writes they cover).
+    pub fn flush(member: usize) -> Op<'a> {
+        Op {
+            member,
+            offset: 0,
+            buf: OpBuf::Flush,
+        }
+    }
     pub fn is_write(&self) -> bool {
         matches!(self.buf, OpBuf::Write(_))
     }
@@ -50,6 +61,7 @@ impl<'a> Op<'a> {
         match &self.buf {
             OpBuf::Read(b) => b.len(),
             OpBuf::Write(b) => b.len(),
+            OpBuf::Flush => 0,
         }
     }
 }
@@ -91,6 +103,7 @@ fn sync_op(drive: &dyn Drive, op: &mut Op) -> io::Result<()> {
     match &mut op.buf {
         OpBuf::Read(b) => drive.read_at(b, op.offset),
         OpBuf::Write(b) => drive.write_at(b, op.offset),
+        OpBuf::Flush => drive.flush(),
     }
 }
 
@@ -171,6 +184,9 @@ fn run_uring(
                     OpBuf::Write(b) => opcode::Write::new(fd, b.as_ptr(), b.len() as u32)
                         .offset(op.offset)
                         .build(),
+                    OpBuf::Flush => opcode::Fsync::new(fd)
+                        .flags(types::FsyncFlags::DATASYNC)
+                        .build(),
                 }
                 .user_data(next as u64);
                 // SAFETY: the buffer behind each entry is borrowed by `ops` for this whole
@@ -218,6 +234,7 @@ fn run_uring(
         results[i] = match &mut op.buf {
             OpBuf::Read(b) => drives[op.member].read_at(&mut b[done..], off),
             OpBuf::Write(b) => drives[op.member].write_at(&b[done..], off),
+            OpBuf::Flush => drives[op.member].flush(),
         };
     }
 }

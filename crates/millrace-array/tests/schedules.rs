@@ -5,7 +5,7 @@
 //! exactly; every sector written since reads back its old content or one it was given since;
 //! parity is consistent after the automatic resync.
 //!
-//! SCHEDULES (default 300) sets the number of schedules per level.
+//! SCHEDULES (default 300) sets the number of schedules per level; SCHEDULE_FROM the first seed.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -322,7 +322,12 @@ macro_rules! level_test {
     ($name:ident, $level:expr, $n:expr, $group:expr) => {
         #[test]
         fn $name() {
-            for seed in 0..schedules() {
+            // SCHEDULE_FROM=N starts at seed N (to rerun one that failed).
+            let from: u64 = std::env::var("SCHEDULE_FROM")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            for seed in from..from + schedules() {
                 run_schedule($level, $n, $group, seed);
             }
         }
