@@ -4,10 +4,12 @@
 //! is, and parity is recomputed from it. With a member missing, the missing member's data lives
 //! only in parity, so a stripe torn by a crash (some strips new, some old) would rebuild it
 //! wrong. So while a parity pool is degraded, each write is first recorded whole (every strip
-//! span it is about to write, data and parity) in the journal area of every member in service,
-//! made durable, then written in place, made durable, and retired. After a crash the newest
-//! intact record is written in place again: every strip it names then holds its new content, so
-//! the stripe is consistent whatever the crash tore.
+//! span it is about to write, data and parity) in the journal area of enough members in service
+//! to outlive any further failure the pool survives, made durable, then written in place and made
+//! durable. It is retired in the same batch that writes the next record (or before any write that
+//! bypasses the journal, and at a clean stop), so at most one whole record is ever on the drives
+//! (`Array::journaled_write`). After a crash that record is written in place again: every strip
+//! it names then holds its new content, so the stripe is consistent whatever the crash tore.
 //!
 //! Record layout (at JOURNAL_OFFSET on each member): a 4 KiB header {magic "MLRCJRNL", seq u64,
 //! entries u32, payload bytes u64, crc32c of header and payload}, an entry table
