@@ -3,7 +3,8 @@
 # stock kernel: a share (volume -> kernel NBD client on the share's Unix socket -> XFS -> kernel
 # NFS server) mounted by the guest's own NFS client over loopback with vers=3 and vers=4.2; a
 # dataset of small and large files whose checksums match; a drive failed while it is read, with
-# no client error; `millrace serve` restarted (shares taken down cleanly and rebuilt); a client
+# no client error; `millrace serve` restarted (shares taken down cleanly and rebuilt); the drives
+# imported into another running server (the share comes back with the import); a client
 # outside the list refused; and `share delete` leaving no mount, export or attached device.
 #   usage (on the host): cargo build -p millrace-cli
 #          tests/guest/run-in-guest --timeout 1200 tests/guest/nfs-share.sh [target/debug]
@@ -155,6 +156,30 @@ sums "$work/m4" > "$work/sums.r4"
 cmp -s "$work/sums.src" "$work/sums.r3" || fail "checksums differ over NFSv3 after the restart"
 cmp -s "$work/sums.src" "$work/sums.r4" || fail "checksums differ over NFSv4.2 after the restart"
 step "restarted, remounted: data intact over v3 and v4.2"
+
+# Drives moved to a server that has never seen the pool (a home of its own) and imported while
+# it runs: the share comes back with the import, not only at that server's next start.
+umount_both
+stop
+home1=$MILLRACE_HOME
+export MILLRACE_HOME=$work/home2
+serve
+[[ $("$M" pool list --json | python3 -c 'import json,sys; d=json.load(sys.stdin); print(len(d["pools"] if isinstance(d, dict) else d))') == 0 ]] \
+  || fail "the second server already knows a pool before the import"
+"$M" pool import "$work"/d{0..5}.img > "$work/import.out" 2>&1 || { cat "$work/import.out"; fail "pool import into the running server"; }
+"$M" share list > "$work/list2.out" || fail "share list after the import"
+grep -q "exported" "$work/list2.out" || { cat "$work/import.out" "$work/list2.out"; fail "the share did not come back with the import"; }
+mount_both
+sums "$work/m3" > "$work/sums.i3"
+sums "$work/m4" > "$work/sums.i4"
+cmp -s "$work/sums.src" "$work/sums.i3" || fail "checksums differ over NFSv3 after the import"
+cmp -s "$work/sums.src" "$work/sums.i4" || fail "checksums differ over NFSv4.2 after the import"
+umount_both
+stop
+export MILLRACE_HOME=$home1
+serve
+mount_both
+step "imported into a running server: the share came back with the import, data intact"
 
 # A client outside the list is refused. 127.0.0.0/8 routes answer from 127.0.0.1, so the
 # stranger gets an address of its own on the loopback device and mounts through it.

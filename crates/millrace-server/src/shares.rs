@@ -800,9 +800,22 @@ impl State {
     /// pools already serve. A share that cannot come back is logged and left for the
     /// administrator; the rest of the server runs.
     pub fn restore_shares(&self) {
+        for problem in self.restore_shares_of(None) {
+            eprintln!("millrace serve: {problem}");
+        }
+    }
+
+    /// Rebuilds the recorded shares of these pools (all when None), as at startup; for a pool
+    /// imported into a running server. Returns a sentence for each share that could not come
+    /// back (also logged).
+    pub fn restore_shares_of(&self, pools: Option<&[String]>) -> Vec<String> {
         let _g = SHARES.lock();
+        let mut problems = Vec::new();
         for e in self.entries() {
             let pool = e.pool.name();
+            if pools.is_some_and(|only| !only.contains(&pool)) {
+                continue;
+            }
             for v in e.volumes.list() {
                 let Some(c) = Self::share_config(&v) else {
                     continue;
@@ -813,14 +826,12 @@ impl State {
                     }
                     Err(err) => {
                         tracing::error!(pool = %pool, volume = %v.name, "cannot restore the share: {err}");
-                        eprintln!(
-                            "millrace serve: cannot restore the share {pool}/{}: {err}",
-                            v.name
-                        );
+                        problems.push(format!("cannot restore the share {pool}/{}: {err}", v.name));
                     }
                 }
             }
         }
+        problems
     }
 
     fn restore_share(

@@ -293,6 +293,10 @@ impl State {
         cache
             .save(&self.home)
             .map_err(|e| ApiError::internal(e.to_string()))?;
+        // Their exports started with them; their shares come back on those now, as at startup.
+        if self.serving && !names.is_empty() {
+            notes.extend(self.restore_shares_of(Some(&names)));
+        }
         let views = names
             .iter()
             .filter_map(|n| self.entry(n).ok())
