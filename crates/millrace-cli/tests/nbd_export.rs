@@ -5,11 +5,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::process::Command;
 
-use common::{millrace, pattern};
+use common::{millrace, pattern, serve};
 
 /// The path of a tool, or None when it is not installed.
 fn tool(name: &str) -> Option<PathBuf> {
@@ -18,51 +17,6 @@ fn tool(name: &str) -> Option<PathBuf> {
             .map(|d| d.join(name))
             .find(|f| f.is_file())
     })
-}
-
-/// A running `millrace serve`, stopped (SIGTERM, then waited for) when dropped.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // SAFETY: a plain kill(2) of the child this test started.
-        unsafe {
-            libc::kill(self.0.id() as i32, libc::SIGTERM);
-        }
-        let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_secs(20) {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn serve(dir: &Path) -> Server {
-    let home = dir.join("home");
-    let log = std::fs::File::create(dir.join("serve.log")).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_millrace"))
-        .env("MILLRACE_HOME", &home)
-        .args(["serve", "--api", "127.0.0.1:0", "--no-nvme"])
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("millrace serve starts");
-    let s = Server(child);
-    // The server writes server.json once everything listens; the CLI finds it there.
-    let t0 = Instant::now();
-    while !home.join("server.json").exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "millrace serve did not come up in 30 s; its log:\n{}",
-            std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    s
 }
 
 /// A loopback port nobody listens on right now (bound, then released for the export to take).

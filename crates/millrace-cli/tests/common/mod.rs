@@ -2,6 +2,8 @@
 #![allow(dead_code)]
 
 use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
 
 use assert_cmd::Command;
 use serde_json::Value;
@@ -37,4 +39,50 @@ pub fn scrub(dir: &Path, name: &str) -> Value {
     let mut c = millrace(dir);
     c.args(["pool", "scrub", name, "--json"]);
     json(c)
+}
+
+/// A running `millrace serve`, stopped (SIGTERM, then waited for) when dropped.
+pub struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // SAFETY: a plain kill(2) of the child this test started.
+        unsafe {
+            libc::kill(self.0.id() as i32, libc::SIGTERM);
+        }
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(20) {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `millrace serve` for the home in `dir` (API on a free loopback port, no NVMe/TCP),
+/// once it listens: it writes server.json then, where the CLI finds it.
+pub fn serve(dir: &Path) -> Server {
+    let home = dir.join("home");
+    let log = std::fs::File::create(dir.join("serve.log")).unwrap();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_millrace"))
+        .env("MILLRACE_HOME", &home)
+        .args(["serve", "--api", "127.0.0.1:0", "--no-nvme"])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("millrace serve starts");
+    let s = Server(child);
+    let t0 = Instant::now();
+    while !home.join("server.json").exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "millrace serve did not come up in 30 s; its log:\n{}",
+            std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    s
 }
