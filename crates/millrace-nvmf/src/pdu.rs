@@ -407,7 +407,9 @@ pub fn decode_head(f: &Frame, h: &[u8]) -> Result<Head, PduError> {
                 datao: le32(h, 12),
                 datal: le32(h, 16),
                 last: f.ch.flags & flags::DATA_LAST != 0,
-                success: f.ch.flags & flags::DATA_SUCCESS != 0,
+                // SUCCESS means something only from the controller (C2HData); in an H2CData
+                // the bit is reserved, so it is ignored, as reserved bits are.
+                success: f.ch.pdu_type == C2H_DATA && f.ch.flags & flags::DATA_SUCCESS != 0,
             };
             if d.datal as usize != f.data_len {
                 return Err(PduError::InvalidField(16));
@@ -738,6 +740,32 @@ mod tests {
                 round_trip(t, &[7; 24], side, hd, dd);
             }
         }
+    }
+
+    /// Found by the pdu_decode fuzzer: an H2CData with the SUCCESS bit set (reserved there)
+    /// decoded as "success" but encoded without it, so the PDU did not survive a round trip.
+    #[test]
+    fn the_success_bit_of_an_h2c_data_pdu_is_reserved_and_ignored() {
+        let d = DataHdr {
+            cccid: 3,
+            ttag: 3,
+            datao: 8192,
+            datal: 16,
+            last: false,
+            success: false,
+        };
+        let mut b = encode(&Head::H2CData(d), &[7; 16], false, false, 1);
+        b[1] |= flags::DATA_SUCCESS;
+        let (p, used) = decode(&b, Side::Controller, &neg(false, false))
+            .unwrap()
+            .unwrap();
+        assert_eq!(used, b.len());
+        assert_eq!(p.head, Head::H2CData(d));
+        let again = encode(&p.head, &p.data, false, false, 1);
+        let (back, _) = decode(&again, Side::Controller, &neg(false, false))
+            .unwrap()
+            .unwrap();
+        assert_eq!(back, p);
     }
 
     #[test]
