@@ -263,7 +263,9 @@ fn rebuild_killed_with_sigkill_resumes_from_its_checkpoint() {
 /// `millrace io write` killed with SIGKILL at random moments, on a healthy and on a degraded
 /// RAID6: the next command finds the pool unclean, replays its journal and resyncs, and then
 /// every earlier write reads back exactly, every sector of the killed write holds its old or
-/// its new content, and scrub finds parity consistent.
+/// its new content, and scrub finds parity consistent. Writes start at unaligned offsets, so a
+/// sector split between two of the command's pieces would show (it once did, about one
+/// degraded round in thirty); seven of the ten rounds run degraded.
 #[test]
 fn killed_writers_lose_nothing_acknowledged() {
     use rand::{Rng, SeedableRng};
@@ -275,9 +277,9 @@ fn killed_writers_lose_nothing_acknowledged() {
     assert!(model[777..777 + first.len()] == first[..]);
     let bin = assert_cmd::cargo::cargo_bin("millrace");
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
-    for round in 0..6 {
+    for round in 0..10 {
         if round == 3 {
-            // The second half runs degraded, through the journal.
+            // The rest runs degraded, through the journal.
             millrace(dir)
                 .args(["pool", "fail", "tank"])
                 .arg(&ds[2])
