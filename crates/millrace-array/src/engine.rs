@@ -1127,7 +1127,7 @@ impl Array {
             .filter(|p| !holders.iter().any(|h| Arc::ptr_eq(h, p)))
             .cloned()
             .collect();
-        let zero = AlignedBuf::zeroed(4096);
+        let zero = crate::journal::blank_header();
         let targets: Vec<Arc<dyn Drive>> = holders.iter().chain(&stale).cloned().collect();
         let mut writes: Vec<Op> = (0..targets.len())
             .map(|i| {
@@ -1140,13 +1140,12 @@ impl Array {
         let flushed = execute(&targets, &mut flushes);
         j.pending = holders;
         self.journal_pending.store(true, Ordering::Release);
-        let written: Vec<bool> = wrote
+        let durable = wrote
             .iter()
             .zip(&flushed)
             .take(copies)
-            .map(|(w, f)| w.is_ok() && f.is_ok())
-            .collect();
-        if !written.iter().any(|&w| w) {
+            .any(|(w, f)| w.is_ok() && f.is_ok());
+        if !durable {
             return Err(self.offline_group().unwrap_or(ArrayError::Offline {
                 group: 0,
                 lost: self.geo.members,

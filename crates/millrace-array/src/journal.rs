@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use crate::aligned::AlignedBuf;
 use crate::drive::Drive;
+use crate::io::{execute, Op};
 
 pub const JOURNAL_OFFSET: u64 = 512 << 10;
 const MAGIC: &[u8; 8] = b"MLRCJRNL";
@@ -111,10 +112,19 @@ pub fn read(d: &dyn Drive, capacity: u64, members: usize) -> Option<Record> {
     Some((seq, out))
 }
 
-/// Marks the record retired on these drives.
+/// What retires a record: a blank header written over its own.
+pub fn blank_header() -> AlignedBuf {
+    AlignedBuf::zeroed(HEADER)
+}
+
+/// Marks the record retired on these drives, durably: the blank headers go out together, then
+/// the flushes. A drive that fails here is left to the I/O path to notice.
 pub fn retire(drives: &[Arc<dyn Drive>]) {
-    let zero = AlignedBuf::zeroed(HEADER);
-    for d in drives {
-        let _ = d.write_at(&zero, JOURNAL_OFFSET).and_then(|_| d.flush());
-    }
+    let zero = blank_header();
+    let mut writes: Vec<Op> = (0..drives.len())
+        .map(|i| Op::write(i, JOURNAL_OFFSET, &zero))
+        .collect();
+    execute(drives, &mut writes);
+    let mut flushes: Vec<Op> = (0..drives.len()).map(Op::flush).collect();
+    execute(drives, &mut flushes);
 }

@@ -181,14 +181,13 @@ pub fn run(home: &Path, api: Option<&Api>, cmd: IoCmd) -> Result<()> {
             }
             let mut src = open_input(input.as_deref())?;
             let fs = p.array().geometry().full_stripe_bytes();
-            let written = write_stream(&mut src, offset, chunk_bytes(fs), fs, |at, data| {
+            let pos = write_stream(&mut src, offset, chunk_bytes(fs), fs, |at, data| {
                 if at + data.len() as u64 > size {
                     p.close()?;
                     bail!("the input runs past the end of pool '{pool}' ({size} bytes); {} bytes were written, from {offset}", at - offset);
                 }
                 Ok(p.write_at(at, data)?)
-            });
-            let pos = written?;
+            })?;
             p.close()?;
             eprintln!("wrote {} bytes at offset {offset}", pos - offset);
             start_pending_rebuild(home, &p, had_rebuild);
