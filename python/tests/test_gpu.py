@@ -123,5 +123,29 @@ def test_bench_gpu_modes(tmp_path):
             str(out),
         ]
     )
-    got = {r["mode"] for r in csv.DictReader(out.read_text().splitlines())}
-    assert got == set(modes.split(","))
+    rows = [r for r in csv.DictReader(out.read_text().splitlines()) if r["mode"] != "fio"]
+    assert {r["mode"] for r in rows} == set(modes.split(","))
+    for r in rows:
+        if r["mode"] != "cpu":
+            # the bytes the cell's last transfers left on the GPU are the file's
+            assert r["verified"] == "True", r
+
+
+@pytest.mark.parametrize("coalesce,per", [("1M", {4096: 256, 65536: 16}), ("0", {4096: 1})])
+def test_bench_cpu_gpu_batches_small_transfers(tmp_path, coalesce, per):
+    import csv
+
+    from millrace import bench
+
+    f = tmp_path / "d.bin"
+    f.write_bytes(os.urandom(16 << 20))
+    out = tmp_path / "o.csv"
+    sizes = ",".join(str(s) for s in per)
+    args = [str(f), "--sizes", sizes, "--threads", "1,3", "--mode", "cpu-gpu", "--seconds", "0.3"]
+    assert bench.main([*args, "--coalesce", coalesce, "--fio", "no", "--csv", str(out)]) == 0
+    rows = list(csv.DictReader(out.read_text().splitlines()))
+    assert len(rows) == 2 * len(per)
+    for r in rows:
+        assert int(r["coalesce"]) == per[int(r["size_bytes"])], r
+        assert r["verified"] == "True", r
+        assert float(r["iops"]) > 0 and 0 < float(r["lat_p50_us"]) <= float(r["lat_p99_us"])
