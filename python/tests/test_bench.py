@@ -59,3 +59,19 @@ def test_parse_size():
     assert bench.parse_size("16M") == 16 << 20
     assert bench.parse_size("1g") == 1 << 30
     assert bench.parse_size("512") == 512
+
+
+def test_bench_process_workers(tmp_path):
+    f = tmp_path / "data.bin"
+    f.write_bytes(np.random.default_rng(1).integers(0, 256, 4 << 20, dtype=np.uint8).tobytes())
+    out_csv = tmp_path / "out.csv"
+    args = [str(f), "--sizes", "4K,64K", "--threads", "3", "--mode", "cpu", "--seconds", "0.3"]
+    assert bench.main([*args, "--workers", "processes", "--fio", "no", "--csv", str(out_csv)]) == 0
+    rows = list(csv.DictReader(out_csv.read_text().splitlines()))
+    assert {(int(r["size_bytes"]), int(r["threads"])) for r in rows} == {(4096, 3), (65536, 3)}
+    for r in rows:
+        assert r["workers"] == "processes"
+        # three processes each read for the cell's 0.3 s: the cell's time is theirs, not a sum
+        assert 0.25 < float(r["seconds"]) < 1.0, r
+        assert float(r["iops"]) > 0 and 0 < float(r["lat_p50_us"]) <= float(r["lat_p99_us"])
+        assert float(r["cpu_pct"]) > 0

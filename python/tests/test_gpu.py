@@ -131,8 +131,9 @@ def test_bench_gpu_modes(tmp_path):
             assert r["verified"] == "True", r
 
 
+@pytest.mark.parametrize("workers", ["threads", "processes"])
 @pytest.mark.parametrize("coalesce,per", [("1M", {4096: 256, 65536: 16}), ("0", {4096: 1})])
-def test_bench_cpu_gpu_batches_small_transfers(tmp_path, coalesce, per):
+def test_bench_cpu_gpu_batches_small_transfers(tmp_path, coalesce, per, workers):
     import csv
 
     from millrace import bench
@@ -142,7 +143,8 @@ def test_bench_cpu_gpu_batches_small_transfers(tmp_path, coalesce, per):
     out = tmp_path / "o.csv"
     sizes = ",".join(str(s) for s in per)
     args = [str(f), "--sizes", sizes, "--threads", "1,3", "--mode", "cpu-gpu", "--seconds", "0.3"]
-    assert bench.main([*args, "--coalesce", coalesce, "--fio", "no", "--csv", str(out)]) == 0
+    args += ["--coalesce", coalesce, "--workers", workers]
+    assert bench.main([*args, "--fio", "no", "--csv", str(out)]) == 0
     rows = list(csv.DictReader(out.read_text().splitlines()))
     assert len(rows) == 2 * len(per)
     for r in rows:
