@@ -18,32 +18,13 @@ if ! command -v schemathesis >/dev/null; then
   python3 -m pip install -q schemathesis
   hash -r
 fi
-cargo build -p millrace-cli -q
-bin=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug/millrace
-
-tmp=$(mktemp -d)
-server=""
-cleanup() {
-  if [[ -n $server ]]; then
-    kill "$server" 2>/dev/null || true
-    wait "$server" 2>/dev/null || true
-  fi
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-export MILLRACE_HOME=$tmp/home
-unset MILLRACE_SERVER MILLRACE_TOKEN
+# shellcheck source=../lib/serve.sh
+source "$root/tests/lib/serve.sh"
+build_millrace
+throwaway_home
 "$bin" pool create tank --level raid6 --strip 64k --create 64M "$tmp"/d{0..5}.img >/dev/null
 # The server runs in the temp folder: a relative path in a generated request lands there.
-(cd "$tmp" && exec "$bin" serve --api 127.0.0.1:0 --nvme 127.0.0.1:0 --discovery-port 0) >"$tmp/serve.log" 2>&1 &
-server=$!
-for _ in $(seq 1 100); do
-  [[ -s $MILLRACE_HOME/server.json ]] && break
-  kill -0 "$server" 2>/dev/null || { cat "$tmp/serve.log" >&2; exit 1; }
-  sleep 0.1
-done
-url=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["url"])' "$MILLRACE_HOME/server.json")
+start_server "$tmp" --api 127.0.0.1:0 --nvme 127.0.0.1:0 --discovery-port 0
 "$bin" volume create tank/v --size 8M >/dev/null
 
 # Generated path parameters name the pool and volume that exist, so calls reach the handlers.

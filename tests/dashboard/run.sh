@@ -16,22 +16,10 @@ fi
 if [[ ! -d $here/node_modules/playwright-core ]]; then
   (cd "$here" && npm install --no-audit --no-fund --loglevel=error)
 fi
-cargo build -p millrace-cli -q
-bin=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug/millrace
-
-tmp=$(mktemp -d)
-server=""
-cleanup() {
-  if [[ -n $server ]]; then
-    kill "$server" 2>/dev/null || true
-    wait "$server" 2>/dev/null || true
-  fi
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-export MILLRACE_HOME=$tmp/home
-unset MILLRACE_SERVER MILLRACE_TOKEN
+# shellcheck source=../lib/serve.sh
+source "$root/tests/lib/serve.sh"
+build_millrace
+throwaway_home
 drives=()
 for i in 0 1 2 3 4 5; do drives+=("$tmp/drive$i.img"); done
 "$bin" pool create tank --level raid6 --strip 64k --create 64M "${drives[@]}" >/dev/null
@@ -39,14 +27,7 @@ for i in 0 1 2 3 4 5; do drives+=("$tmp/drive$i.img"); done
 # With a token, as in production: the page must ask for it and send it.
 token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 printf '%s\n' "$token" >"$tmp/token"
-"$bin" serve --api 127.0.0.1:0 --nvme 127.0.0.1:0 --discovery-port 0 --token-file "$tmp/token" >"$tmp/serve.log" 2>&1 &
-server=$!
-for _ in $(seq 1 100); do
-  [[ -s $MILLRACE_HOME/server.json ]] && break
-  kill -0 "$server" 2>/dev/null || { cat "$tmp/serve.log" >&2; exit 1; }
-  sleep 0.1
-done
-url=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["url"])' "$MILLRACE_HOME/server.json")
+start_server "$tmp" --api 127.0.0.1:0 --nvme 127.0.0.1:0 --discovery-port 0 --token-file "$tmp/token"
 echo "dashboard test: server at $url"
 
 export MILLRACE_TOKEN=$token
