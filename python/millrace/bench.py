@@ -24,6 +24,7 @@ import contextlib
 import csv
 import json
 import os
+import queue
 import resource
 import shutil
 import statistics
@@ -207,17 +208,35 @@ def _run_processes(job: tuple, procs: int) -> tuple:
         p.start()
     results: list = [None] * procs
     errors = []
+    deadline = time.monotonic() + job[6] + 180
+    got = 0
     try:
-        for _ in range(procs):
-            t, res, err = out.get(timeout=job[6] + 180)
+        while got < procs:
+            try:
+                t, res, err = out.get(timeout=0.5)
+            except queue.Empty:
+                # a worker killed outright (a signal, the OOM killer) never reports; say so
+                # instead of waiting for it
+                dead = [i for i, p in enumerate(ps) if p.exitcode not in (None, 0)]
+                if dead:
+                    i = dead[0]
+                    raise RuntimeError(
+                        f"bench worker {i} died (exit code {ps[i].exitcode}) before reporting"
+                    ) from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError("bench workers did not finish in time") from None
+                continue
+            got += 1
             results[t] = res
             if err:
                 errors.append(f"worker {t}: {err}")
     finally:
+        # after a failure the others need not finish their cell
         for p in ps:
-            p.join(10)
+            p.join(10 if got == procs else 0)
             if p.is_alive():
                 p.kill()
+                p.join()
     real = [e for e in errors if "BrokenBarrierError" not in e]
     if errors:
         raise RuntimeError((real or errors)[0])

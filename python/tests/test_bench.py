@@ -1,6 +1,12 @@
 import csv
+import multiprocessing
+import os
+import signal
+import threading
+import time
 
 import numpy as np
+import pytest
 
 from millrace import bench
 
@@ -75,3 +81,30 @@ def test_bench_process_workers(tmp_path):
         assert 0.25 < float(r["seconds"]) < 1.0, r
         assert float(r["iops"]) > 0 and 0 < float(r["lat_p50_us"]) <= float(r["lat_p99_us"])
         assert float(r["cpu_pct"]) > 0
+
+
+def test_a_killed_process_worker_is_reported_not_waited_for(tmp_path):
+    f = tmp_path / "data.bin"
+    f.write_bytes(bytes(4 << 20))
+    errors = []
+
+    def cell():
+        try:
+            bench.run_cell("cpu", str(f), 4096, 2, 60.0, "seq", workers="processes")
+        except Exception as e:
+            errors.append(e)
+
+    th = threading.Thread(target=cell, daemon=True)
+    t0 = time.monotonic()
+    th.start()
+    while len(multiprocessing.active_children()) < 2 and time.monotonic() - t0 < 30:
+        time.sleep(0.05)
+    kids = multiprocessing.active_children()
+    if len(kids) < 2:
+        pytest.fail("the cell's two worker processes did not start")
+    time.sleep(0.5)
+    os.kill(kids[0].pid, signal.SIGKILL)
+    th.join(30)
+    assert not th.is_alive(), "the cell kept waiting for a killed worker"
+    assert time.monotonic() - t0 < 30
+    assert len(errors) == 1 and "died" in str(errors[0]), errors
