@@ -1129,22 +1129,19 @@ impl Array {
             .collect();
         let zero = crate::journal::blank_header();
         let targets: Vec<Arc<dyn Drive>> = holders.iter().chain(&stale).cloned().collect();
-        let mut writes: Vec<Op> = (0..targets.len())
+        let bufs: Vec<&[u8]> = (0..targets.len())
             .map(|i| {
-                let b: &[u8] = if i < holders.len() { &rec } else { &zero };
-                Op::write(i, crate::journal::JOURNAL_OFFSET, b)
+                if i < holders.len() {
+                    &rec[..]
+                } else {
+                    &zero[..]
+                }
             })
             .collect();
-        let wrote = execute(&targets, &mut writes);
-        let mut flushes: Vec<Op> = (0..targets.len()).map(Op::flush).collect();
-        let flushed = execute(&targets, &mut flushes);
+        let put = crate::journal::put(&targets, &bufs);
         j.pending = holders;
         self.journal_pending.store(true, Ordering::Release);
-        let durable = wrote
-            .iter()
-            .zip(&flushed)
-            .take(copies)
-            .any(|(w, f)| w.is_ok() && f.is_ok());
+        let durable = put.iter().take(copies).any(|&ok| ok);
         if !durable {
             return Err(self.offline_group().unwrap_or(ArrayError::Offline {
                 group: 0,

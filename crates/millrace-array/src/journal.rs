@@ -117,14 +117,28 @@ pub fn blank_header() -> AlignedBuf {
     AlignedBuf::zeroed(HEADER)
 }
 
-/// Marks the record retired on these drives, durably: the blank headers go out together, then
-/// the flushes. A drive that fails here is left to the I/O path to notice.
+/// Writes `bufs[i]` (a record or a blank header) at JOURNAL_OFFSET on `drives[i]`, durably: the
+/// writes go out together, then the flushes together (a batch gives no order, so the flushes
+/// need a batch of their own). Returns, per drive, whether both its write and flush succeeded.
+pub fn put(drives: &[Arc<dyn Drive>], bufs: &[&[u8]]) -> Vec<bool> {
+    let mut writes: Vec<Op> = bufs
+        .iter()
+        .enumerate()
+        .map(|(i, b)| Op::write(i, JOURNAL_OFFSET, b))
+        .collect();
+    let wrote = execute(drives, &mut writes);
+    let mut flushes: Vec<Op> = (0..drives.len()).map(Op::flush).collect();
+    let flushed = execute(drives, &mut flushes);
+    wrote
+        .iter()
+        .zip(&flushed)
+        .map(|(w, f)| w.is_ok() && f.is_ok())
+        .collect()
+}
+
+/// Marks the record retired on these drives, durably. A drive that fails here is left to the
+/// I/O path to notice.
 pub fn retire(drives: &[Arc<dyn Drive>]) {
     let zero = blank_header();
-    let mut writes: Vec<Op> = (0..drives.len())
-        .map(|i| Op::write(i, JOURNAL_OFFSET, &zero))
-        .collect();
-    execute(drives, &mut writes);
-    let mut flushes: Vec<Op> = (0..drives.len()).map(Op::flush).collect();
-    execute(drives, &mut flushes);
+    put(drives, &vec![&zero[..]; drives.len()]);
 }
