@@ -90,6 +90,11 @@ def drop_cache(path: str) -> None:
         os.close(fd)
 
 
+def _per_copy(coalesce: int, size: int) -> int:
+    """How many transfers of ``size`` bytes one host-to-device copy carries in cpu-gpu mode."""
+    return max(1, coalesce // size) if coalesce else 1
+
+
 def run_cell(
     mode: str,
     path: str,
@@ -128,7 +133,7 @@ def run_cell(
         # what each worker's last copy or cuFile read left in GPU memory is the file's bytes
         extra["verified"] = all(r["verified"] is not False for r in results)
     if mode == "cpu-gpu":
-        extra["coalesce"] = max(1, coalesce // size) if coalesce else 1
+        extra["coalesce"] = _per_copy(coalesce, size)
     if workers == "processes":
         extra["workers"] = "processes"
     return {
@@ -273,7 +278,7 @@ def _cell_worker(job: tuple, t: int, wait) -> dict:
         if mode == "cpu":
             buf = _io.aligned_empty(size)
         elif mode == "cpu-gpu":
-            per = max(1, coalesce // size) if coalesce else 1
+            per = _per_copy(coalesce, size)
             pins = [_gpu.Pinned(per * size) for _ in range(2 if per > 1 else 1)]
             devs = [torch.empty(per * size, dtype=torch.uint8, device="cuda") for _ in pins]
             stream = torch.cuda.Stream()
@@ -331,6 +336,11 @@ def _cell_worker(job: tuple, t: int, wait) -> dict:
             # latency ends when the copy is seen done, which is checked after each read of the
             # next batch (so it is late by at most one read).
             pending = None
+
+            def landed(batch) -> None:
+                done = clock()
+                lat.extend(done - s for s in batch[1])
+
             starts: list = []
             batch_offs: list = []
             h = i = 0
@@ -342,8 +352,7 @@ def _cell_worker(job: tuple, t: int, wait) -> dict:
                 if got != size:
                     raise OSError(f"short read of {got} bytes at {off}")
                 if pending is not None and pending[0].query():
-                    done = clock()
-                    lat.extend(done - s for s in pending[1])
+                    landed(pending)
                     pending = None
                 starts.append(t0)
                 batch_offs.append(off)
@@ -353,8 +362,7 @@ def _cell_worker(job: tuple, t: int, wait) -> dict:
                     if pending is not None:
                         # the other pinned buffer is refilled next: its copy must be over
                         pending[0].synchronize()
-                        done = clock()
-                        lat.extend(done - s for s in pending[1])
+                        landed(pending)
                     devs[h][: i * size].copy_(pins[h].t[: i * size], non_blocking=True)
                     ev = Event()
                     ev.record(stream)
@@ -366,8 +374,7 @@ def _cell_worker(job: tuple, t: int, wait) -> dict:
                     t1 = clock()
             if pending is not None:
                 pending[0].synchronize()
-                done = clock()
-                lat.extend(done - s for s in pending[1])
+                landed(pending)
         else:
             read_ = cf.read
             while t1 < end_ns:
@@ -520,29 +527,19 @@ def _row(mode, size, threads, nbytes, secs, baseline="", base_rate=None, **extra
     }
 
 
-def _best(fn, repeat: int, setup=None) -> tuple:
-    """Run ``fn`` ``repeat`` times (``setup`` before each, untimed); (median seconds, result)."""
-    times, res = [], None
-    for _ in range(repeat):
-        if setup is not None:
-            setup()
-        t0 = time.perf_counter()
-        res = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), res
-
-
-def whole_file(path: str, threads: int, repeat: int) -> list:
+def whole_file(path: str, threads: int, repeat: int, h2d: Optional[float] = None) -> list:
     """Whole-file reads: ours (cpu, cpu-gpu, gds), naive, fio, and the H2D rate.
 
     Each repeat runs every variant once, one after another, and the medians are reported, so
-    the disk's drift over a run touches all of them alike.
+    the disk's drift over a run touches all of them alike. ``h2d``: the pinned host-to-device
+    rate (bytes/s) if already measured.
     """
     torch = _gpu.torch_module()
     size = os.path.getsize(path)
     gpu = torch is not None and torch.cuda.is_available()
     n = min(size, 1 << 30)
-    h2d = _gpu.h2d_rate(n) if gpu else None
+    if gpu and h2d is None:
+        h2d = _gpu.h2d_rate(n)
 
     def on_gpu(fn):
         def run():
@@ -828,7 +825,8 @@ def main(argv=None) -> int:
     use_fio = args.fio == "auto" and shutil.which("fio") is not None
     if "cpu" in modes and not use_fio:
         print("fio comparison: off (" + ("--fio no" if args.fio == "no" else "fio not found") + ")")
-    h2d = _gpu.h2d_rate(1 << 30) if gpu and modes != ["cpu"] else None
+    needs_h2d = gpu and (args.whole or any(m != "cpu" for m in modes))
+    h2d = _gpu.h2d_rate(1 << 30) if needs_h2d else None
     if h2d:
         print(f"pinned host-to-device rate: {h2d / 1e9:.1f} GB/s", flush=True)
     rows = []
@@ -876,7 +874,7 @@ def main(argv=None) -> int:
                     flush=True,
                 )
     if args.whole:
-        for r in whole_file(args.file, args.whole_threads, args.repeat):
+        for r in whole_file(args.file, args.whole_threads, args.repeat, h2d):
             rows.append(r)
             print(json.dumps(r), flush=True)
     if args.checkpoint_gb:
