@@ -16,6 +16,9 @@ APT_PKGS=(
   chromium        # the dashboard test (headless, driven by playwright-core)
   nfs-kernel-server rpcbind nfs-common   # shares: the kernel NFS server and client (guest tests)
   qemu-system-x86 linux-image-amd64 busybox-static cpio   # the guest runner
+  cmake libclang-dev   # build: rdma-mummy-sys compiles its dlopen shim (cmake) and binds it (bindgen)
+  rdma-core ibverbs-providers libibverbs1 librdmacm1   # RDMA at run time (loaded only when used)
+  ibverbs-utils rdmacm-utils perftest   # ibv_devices, rping, ib_*_bw: the soft-RoCE checks and peers
 )
 missing=()
 for p in "${APT_PKGS[@]}"; do

@@ -1,0 +1,440 @@
+//! The RDMA connection manager (librdmacm) on tokio: a listener whose connect requests carry the
+//! initiator's private data, and per-connection ids that accept or reject with private data of
+//! their own, report their events, and own their queue pair.
+//!
+//! Each accepted id is moved onto an event channel of its own (`rdma_migrate_id`), so a
+//! connection's task waits for its own events and nothing routes events between tasks.
+
+use crate::error::{Error, Result};
+use crate::ffi::{self, Fd, RawAddr};
+use crate::verbs::{CompletionQueue, Context, ProtectionDomain, QueuePair};
+use rdma_mummy_sys as sys;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::io::unix::AsyncFd;
+
+/// Most bytes of private data a connect request or reply carries over RC on RoCE and IB (the CM
+/// REQ's 92 bytes less rdma_cm's own header); longer private data is refused by the library.
+pub const MAX_PRIVATE_DATA: usize = 56;
+
+/// An event channel: the descriptor CM events arrive on.
+struct Channel {
+    ch: *mut sys::rdma_event_channel,
+    /// Taken out (deregistered) in Drop before the channel closes its descriptor.
+    afd: Option<AsyncFd<Fd>>,
+}
+
+// SAFETY: librdmacm's calls on a channel are thread-safe; the pointer is only freed in Drop.
+unsafe impl Send for Channel {}
+unsafe impl Sync for Channel {}
+
+impl Channel {
+    fn new() -> Result<Arc<Channel>> {
+        ffi::check_available()?;
+        // SAFETY: plain constructor; checked for NULL.
+        let ch = unsafe { sys::rdma_create_event_channel() };
+        if ch.is_null() {
+            return Err(Error::last("rdma_create_event_channel"));
+        }
+        // SAFETY: ch is a live channel.
+        let fd = unsafe { (*ch).fd };
+        // SAFETY: the channel (and so fd) outlives the AsyncFd: Drop takes it out first.
+        let afd = unsafe { ffi::watch(fd, "registering the CM channel with tokio") }.inspect_err(
+            |_| {
+                // SAFETY: nothing else uses the channel yet.
+                unsafe { sys::rdma_destroy_event_channel(ch) }
+            },
+        )?;
+        Ok(Arc::new(Channel { ch, afd: Some(afd) }))
+    }
+
+    /// The next event, copied out and acknowledged (so ids can always be destroyed).
+    async fn next(&self) -> Result<CmEvent> {
+        loop {
+            let afd = self
+                .afd
+                .as_ref()
+                .expect("the channel is open until dropped");
+            let mut guard = afd.readable().await.map_err(|e| Error::Call {
+                call: "waiting for CM events",
+                source: e,
+            })?;
+            let mut ev: *mut sys::rdma_cm_event = std::ptr::null_mut();
+            // SAFETY: ch is live; ev receives an event we acknowledge below.
+            let rc = unsafe { sys::rdma_get_cm_event(self.ch, &mut ev) };
+            if rc != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::WouldBlock {
+                    guard.clear_ready();
+                    continue;
+                }
+                return Err(Error::Call {
+                    call: "rdma_get_cm_event",
+                    source: e,
+                });
+            }
+            // SAFETY: ev is a valid event until acknowledged.
+            let out = unsafe { CmEvent::copy(ev) };
+            // SAFETY: each event is acknowledged exactly once, after it was copied.
+            unsafe { sys::rdma_ack_cm_event(ev) };
+            return Ok(out);
+        }
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        drop(self.afd.take());
+        // SAFETY: every id on this channel holds an Arc to it, so none is left.
+        unsafe { sys::rdma_destroy_event_channel(self.ch) }
+    }
+}
+
+/// What happened to a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    ConnectRequest,
+    Established,
+    Disconnected,
+    TimewaitExit,
+    DeviceRemoval,
+    /// Rejected, unreachable, connect error, address change: the connection is unusable.
+    Failed(u32),
+    Other(u32),
+}
+
+impl EventKind {
+    fn of(t: sys::rdma_cm_event_type::Type) -> EventKind {
+        use sys::rdma_cm_event_type::*;
+        match t {
+            RDMA_CM_EVENT_CONNECT_REQUEST => EventKind::ConnectRequest,
+            RDMA_CM_EVENT_ESTABLISHED => EventKind::Established,
+            RDMA_CM_EVENT_DISCONNECTED => EventKind::Disconnected,
+            RDMA_CM_EVENT_TIMEWAIT_EXIT => EventKind::TimewaitExit,
+            RDMA_CM_EVENT_DEVICE_REMOVAL => EventKind::DeviceRemoval,
+            RDMA_CM_EVENT_REJECTED
+            | RDMA_CM_EVENT_UNREACHABLE
+            | RDMA_CM_EVENT_CONNECT_ERROR
+            | RDMA_CM_EVENT_ADDR_CHANGE => EventKind::Failed(t),
+            t => EventKind::Other(t),
+        }
+    }
+}
+
+/// A CM event, copied out of the library's memory.
+#[derive(Debug)]
+pub struct CmEvent {
+    pub kind: EventKind,
+    pub status: i32,
+    id: *mut sys::rdma_cm_id,
+    /// The peer's private data (connect requests and replies), padded by the transport.
+    pub private_data: Vec<u8>,
+    /// What the peer lets us have outstanding: RDMA READs we may issue to it (from its
+    /// responder resources) and READs it may issue to us (its initiator depth).
+    pub initiator_depth: u8,
+    pub responder_resources: u8,
+}
+
+impl CmEvent {
+    /// # Safety
+    /// `ev` is a live, unacknowledged event.
+    unsafe fn copy(ev: *const sys::rdma_cm_event) -> CmEvent {
+        let e = &*ev;
+        let conn = &e.param.conn;
+        let private_data = if conn.private_data.is_null() {
+            Vec::new()
+        } else {
+            std::slice::from_raw_parts(
+                conn.private_data as *const u8,
+                conn.private_data_len as usize,
+            )
+            .to_vec()
+        };
+        CmEvent {
+            kind: EventKind::of(e.event),
+            status: e.status,
+            id: e.id,
+            private_data,
+            initiator_depth: conn.initiator_depth,
+            responder_resources: conn.responder_resources,
+        }
+    }
+}
+
+/// Listens for RDMA connections (RC, the TCP port space) on one address.
+pub struct Listener {
+    id: *mut sys::rdma_cm_id,
+    chan: Arc<Channel>,
+    addr: SocketAddr,
+}
+
+// SAFETY: the id is used through thread-safe librdmacm calls and freed only in Drop.
+unsafe impl Send for Listener {}
+unsafe impl Sync for Listener {}
+
+impl Listener {
+    /// Binds and listens. Must run inside a tokio runtime. Fails with a sentence where the host
+    /// has no rdma-core, no RDMA device, or no RDMA device with this address.
+    pub fn bind(addr: SocketAddr, backlog: i32) -> Result<Listener> {
+        let chan = Channel::new()?;
+        let mut id = std::ptr::null_mut();
+        // SAFETY: chan is live; id receives a new cm id that we own.
+        let rc = unsafe {
+            sys::rdma_create_id(
+                chan.ch,
+                &mut id,
+                std::ptr::null_mut(),
+                sys::rdma_port_space::RDMA_PS_TCP,
+            )
+        };
+        if rc != 0 {
+            return Err(Error::code("rdma_create_id", rc));
+        }
+        let mut l = Listener { id, chan, addr };
+        let mut raw = RawAddr::new(&addr);
+        // SAFETY: id is ours; raw outlives the call.
+        if unsafe { sys::rdma_bind_addr(id, raw.as_mut_ptr()) } != 0 {
+            return Err(Error::NoDeviceForAddress {
+                addr,
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: as above.
+        if unsafe { sys::rdma_listen(id, backlog) } != 0 {
+            return Err(Error::last("rdma_listen"));
+        }
+        // SAFETY: a bound id has its source address filled in.
+        if let Some(a) = unsafe { src_addr(id) } {
+            l.addr = a;
+        }
+        Ok(l)
+    }
+
+    /// The address listened on (the port chosen, where 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The next connect request. Other events on the listening id are logged and skipped;
+    /// a removed device ends the listener with an error.
+    pub async fn accept(&self) -> Result<ConnectRequest> {
+        loop {
+            let ev = self.chan.next().await?;
+            match ev.kind {
+                EventKind::ConnectRequest => return ConnectRequest::new(ev),
+                EventKind::DeviceRemoval => {
+                    return Err(Error::Invalid(format!(
+                        "the RDMA device under {} was removed; the listener stops",
+                        self.addr
+                    )))
+                }
+                k => tracing::debug!(addr = %self.addr, "CM event {k:?} on the listener ignored"),
+            }
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        // SAFETY: the listening id is ours and its events are all acknowledged.
+        unsafe { sys::rdma_destroy_id(self.id) };
+    }
+}
+
+/// # Safety
+/// `id` is a live cm id.
+unsafe fn src_addr(id: *mut sys::rdma_cm_id) -> Option<SocketAddr> {
+    let a = &(*id).route.addr.src_addr_union.src_storage;
+    ffi::from_sockaddr(a as *const _ as *const libc::sockaddr)
+}
+
+/// # Safety
+/// `id` is a live cm id.
+unsafe fn dst_addr(id: *mut sys::rdma_cm_id) -> Option<SocketAddr> {
+    let a = &(*id).route.addr.dst_addr_union.dst_storage;
+    ffi::from_sockaddr(a as *const _ as *const libc::sockaddr)
+}
+
+/// An incoming connection not yet accepted or rejected. Dropping it rejects it.
+pub struct ConnectRequest {
+    pub id: CmId,
+    /// The initiator's private data (zero-padded by the transport past what it sent).
+    pub private_data: Vec<u8>,
+    /// RDMA READs we may have outstanding to the initiator (its responder resources).
+    pub initiator_depth: u8,
+    /// RDMA READs the initiator wants outstanding to us.
+    pub responder_resources: u8,
+}
+
+impl ConnectRequest {
+    fn new(ev: CmEvent) -> Result<ConnectRequest> {
+        // The request's id is new and ours; it moves to a channel of its own.
+        let chan = Channel::new()?;
+        let id = CmId {
+            id: ev.id,
+            chan: chan.clone(),
+            has_qp: false,
+        };
+        // SAFETY: the id is live, its only event so far was acknowledged.
+        if unsafe { sys::rdma_migrate_id(ev.id, chan.ch) } != 0 {
+            return Err(Error::last("rdma_migrate_id"));
+        }
+        Ok(ConnectRequest {
+            id,
+            private_data: ev.private_data,
+            initiator_depth: ev.initiator_depth,
+            responder_resources: ev.responder_resources,
+        })
+    }
+}
+
+/// What an accept tells the initiator.
+#[derive(Clone, Debug, Default)]
+pub struct AcceptParams<'a> {
+    pub private_data: &'a [u8],
+    pub initiator_depth: u8,
+    pub responder_resources: u8,
+}
+
+/// One connection's CM id: owns its event channel and, once created, its queue pair.
+pub struct CmId {
+    id: *mut sys::rdma_cm_id,
+    chan: Arc<Channel>,
+    has_qp: bool,
+}
+
+// SAFETY: librdmacm calls on an id are thread-safe; the pointer is freed only in Drop.
+unsafe impl Send for CmId {}
+unsafe impl Sync for CmId {}
+
+impl CmId {
+    /// The device the connection arrived on.
+    pub fn context(&self) -> Context {
+        // SAFETY: an id that carried a connect request is bound to a device.
+        unsafe { Context::from_raw((*self.id).verbs) }
+    }
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: the id is live.
+        unsafe { src_addr(self.id) }
+    }
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: the id is live.
+        unsafe { dst_addr(self.id) }
+    }
+
+    /// Creates the connection's reliable-connected queue pair with one completion queue for
+    /// sends and receives. The queue pair lives as long as this id.
+    pub fn create_qp(
+        &mut self,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        caps: crate::verbs::QpCaps,
+    ) -> Result<QueuePair> {
+        if self.has_qp {
+            return Err(Error::Invalid(
+                "this connection already has a queue pair".into(),
+            ));
+        }
+        // SAFETY: zeroed init attributes are valid; the fields that matter are set below.
+        let mut attr: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        attr.send_cq = cq.raw();
+        attr.recv_cq = cq.raw();
+        attr.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
+        attr.sq_sig_all = 0;
+        attr.cap.max_send_wr = caps.max_send_wr;
+        attr.cap.max_recv_wr = caps.max_recv_wr;
+        attr.cap.max_send_sge = caps.max_send_sge;
+        attr.cap.max_recv_sge = caps.max_recv_sge;
+        attr.cap.max_inline_data = caps.max_inline_data;
+        // SAFETY: id, pd and cq are live; the QP is destroyed in Drop before the id, and the
+        // caller keeps cq and pd alive at least as long as this id.
+        let rc = unsafe { sys::rdma_create_qp(self.id, pd.raw(), &mut attr) };
+        if rc != 0 {
+            return Err(Error::code("rdma_create_qp", rc));
+        }
+        self.has_qp = true;
+        // SAFETY: rdma_create_qp succeeded, so id->qp is set.
+        Ok(unsafe { QueuePair::from_raw((*self.id).qp) })
+    }
+
+    pub fn accept(&self, p: &AcceptParams) -> Result<()> {
+        if p.private_data.len() > MAX_PRIVATE_DATA {
+            return Err(Error::Invalid(format!(
+                "{} bytes of private data exceed the {MAX_PRIVATE_DATA} an accept carries",
+                p.private_data.len()
+            )));
+        }
+        // SAFETY: zeroed connection parameters are valid; private data outlives the call.
+        let mut cp: sys::rdma_conn_param = unsafe { std::mem::zeroed() };
+        cp.private_data = p.private_data.as_ptr() as *const _;
+        cp.private_data_len = p.private_data.len() as u8;
+        cp.initiator_depth = p.initiator_depth;
+        cp.responder_resources = p.responder_resources;
+        cp.flow_control = 1;
+        // Receiver-not-ready: retry for ever, the initiator reposts receives as it completes.
+        cp.rnr_retry_count = 7;
+        // SAFETY: the id is live.
+        let rc = unsafe { sys::rdma_accept(self.id, &mut cp) };
+        if rc != 0 {
+            return Err(Error::code("rdma_accept", rc));
+        }
+        Ok(())
+    }
+
+    pub fn reject(&self, private_data: &[u8]) -> Result<()> {
+        let n = private_data.len().min(MAX_PRIVATE_DATA);
+        // SAFETY: the id is live; the data outlives the call.
+        let rc = unsafe { sys::rdma_reject(self.id, private_data.as_ptr() as *const _, n as u8) };
+        if rc != 0 {
+            return Err(Error::code("rdma_reject", rc));
+        }
+        Ok(())
+    }
+
+    pub fn disconnect(&self) -> Result<()> {
+        // SAFETY: the id is live.
+        if unsafe { sys::rdma_disconnect(self.id) } != 0 {
+            return Err(Error::last("rdma_disconnect"));
+        }
+        Ok(())
+    }
+
+    /// The next event of this connection.
+    pub async fn next_event(&self) -> Result<CmEvent> {
+        self.chan.next().await
+    }
+}
+
+impl Drop for CmId {
+    fn drop(&mut self) {
+        // SAFETY: the id is ours; its QP (if any) goes first; every event was acknowledged.
+        unsafe {
+            if self.has_qp {
+                sys::rdma_destroy_qp(self.id);
+            }
+            sys::rdma_destroy_id(self.id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn binding_without_rdma_fails_with_a_sentence() {
+        if crate::devices::any() && ffi::library_loaded() {
+            eprintln!("this host has RDMA; the refusal path is tested where it has none");
+            return;
+        }
+        let e = Listener::bind("127.0.0.1:0".parse().unwrap(), 16)
+            .err()
+            .expect("binding with no RDMA must fail");
+        let s = e.to_string();
+        assert!(
+            matches!(e, Error::NoDevice | Error::NoLibrary),
+            "unexpected error: {s}"
+        );
+        assert!(s.contains("RDMA"), "{s}");
+    }
+}
