@@ -2,12 +2,28 @@
 //! device with byte-addressed read/write/flush/discard. They know nothing about parity or drives;
 //! the array layer knows nothing about networks. This crate is the only thing both sides share.
 
+use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::sync::RwLock;
+
+pub use millrace_io::IoBuf;
+
+/// The future of an async device call: boxed, so exports keep `Arc<dyn BlockDevice>`.
+pub type IoFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The result of a call that was lent a buffer, with the buffer, which always comes back.
+pub type BufResult = (io::Result<()>, IoBuf);
 
 /// A block device as an export sees it. Offsets and lengths are in bytes and need not be
 /// aligned; implementations handle any alignment (aligned I/O is simply faster).
-/// Methods are blocking: async callers run them on a blocking pool.
+///
+/// Two faces (docs/DATAPATH.md): the `*_async` methods are the data path; they take and give
+/// back owned buffers (from a `millrace_io::BufPool`), and a device on the data path (the array,
+/// a volume) completes them on the calling core without parking a thread. Their default
+/// implementations call the blocking methods inline, so every device works with either face;
+/// a device whose blocking calls wait on drives should override them. The blocking methods are
+/// the synchronous wrapper for the CLI, tests and tools.
 pub trait BlockDevice: Send + Sync + 'static {
     /// Usable size in bytes.
     fn size_bytes(&self) -> u64;
@@ -43,6 +59,40 @@ pub trait BlockDevice: Send + Sync + 'static {
             done += n as u64;
         }
         Ok(())
+    }
+
+    /// Reads `buf.len()` bytes at `offset` into `buf`.
+    fn read_async(&self, offset: u64, mut buf: IoBuf) -> IoFuture<'_, BufResult> {
+        Box::pin(async move {
+            let r = self.read_at(offset, &mut buf);
+            (r, buf)
+        })
+    }
+
+    /// Writes `buf` at `offset`; with `fua`, the data is durable when the call completes.
+    fn write_async(&self, offset: u64, buf: IoBuf, fua: bool) -> IoFuture<'_, BufResult> {
+        Box::pin(async move {
+            let mut r = self.write_at(offset, &buf);
+            if fua && r.is_ok() {
+                r = self.flush();
+            }
+            (r, buf)
+        })
+    }
+
+    /// Makes every completed write durable.
+    fn flush_async(&self) -> IoFuture<'_, io::Result<()>> {
+        Box::pin(async move { self.flush() })
+    }
+
+    /// Deallocates a range; later reads of it return zeroes.
+    fn discard_async(&self, offset: u64, len: u64) -> IoFuture<'_, io::Result<()>> {
+        Box::pin(async move { self.discard(offset, len) })
+    }
+
+    /// Writes zeroes over a range.
+    fn write_zeroes_async(&self, offset: u64, len: u64) -> IoFuture<'_, io::Result<()>> {
+        Box::pin(async move { self.write_zeroes(offset, len) })
     }
 }
 
@@ -108,5 +158,23 @@ mod tests {
         d.write_zeroes(4000, 5).unwrap();
         d.read_at(4000, &mut b).unwrap();
         assert_eq!(b, [0; 5]);
+    }
+
+    #[tokio::test]
+    async fn async_defaults_lend_and_return_the_buffer() {
+        let d: std::sync::Arc<dyn BlockDevice> = std::sync::Arc::new(MemBlockDevice::new(8192));
+        let (r, buf) = d.write_async(100, IoBuf::from_slice(b"owned"), true).await;
+        r.unwrap();
+        assert_eq!(&buf[..], b"owned");
+        let (r, buf) = d.read_async(100, IoBuf::standalone(5)).await;
+        r.unwrap();
+        assert_eq!(&buf[..], b"owned");
+        let (r, buf) = d.read_async(8190, buf).await;
+        assert!(r.is_err(), "a read past the end is refused");
+        assert_eq!(buf.len(), 5, "and the buffer still comes back");
+        d.write_zeroes_async(100, 5).await.unwrap();
+        d.flush_async().await.unwrap();
+        let (_, buf) = d.read_async(100, buf).await;
+        assert_eq!(&buf[..], &[0; 5]);
     }
 }

@@ -4,7 +4,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::Instant;
 
-use millrace_block::BlockDevice;
+use millrace_block::{BlockDevice, BufResult, IoBuf, IoFuture};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -96,6 +96,40 @@ impl Metered {
     }
 }
 
+impl Metered {
+    /// `time` for a device call on the data path: the clock runs across the await.
+    async fn time_async<T>(
+        &self,
+        op: &str,
+        bytes: u64,
+        call: IoFuture<'_, T>,
+        ok: impl Fn(&T) -> bool,
+    ) -> T {
+        let vl = VolLabels {
+            pool: self.pool.clone(),
+            volume: self.volume.clone(),
+        };
+        let g = self.meters.inflight.get_or_create(&vl).clone();
+        g.inc();
+        let t0 = Instant::now();
+        let r = call.await;
+        g.dec();
+        let l = OpLabels {
+            pool: self.pool.clone(),
+            volume: self.volume.clone(),
+            op: op.into(),
+        };
+        self.meters
+            .latency
+            .get_or_create(&l)
+            .observe(t0.elapsed().as_secs_f64());
+        if ok(&r) && bytes > 0 {
+            self.meters.bytes.get_or_create(&l).inc_by(bytes);
+        }
+        r
+    }
+}
+
 impl BlockDevice for Metered {
     fn size_bytes(&self) -> u64 {
         self.dev.size_bytes()
@@ -126,5 +160,25 @@ impl BlockDevice for Metered {
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         self.time("write_zeroes", 0, || self.dev.write_zeroes(offset, len))
+    }
+    fn read_async(&self, offset: u64, buf: IoBuf) -> IoFuture<'_, BufResult> {
+        let n = buf.len() as u64;
+        Box::pin(self.time_async("read", n, self.dev.read_async(offset, buf), |r| r.0.is_ok()))
+    }
+    fn write_async(&self, offset: u64, buf: IoBuf, fua: bool) -> IoFuture<'_, BufResult> {
+        let n = buf.len() as u64;
+        let call = self.dev.write_async(offset, buf, fua);
+        Box::pin(self.time_async("write", n, call, |r| r.0.is_ok()))
+    }
+    fn flush_async(&self) -> IoFuture<'_, io::Result<()>> {
+        Box::pin(self.time_async("flush", 0, self.dev.flush_async(), |r| r.is_ok()))
+    }
+    fn discard_async(&self, offset: u64, len: u64) -> IoFuture<'_, io::Result<()>> {
+        let call = self.dev.discard_async(offset, len);
+        Box::pin(self.time_async("discard", 0, call, |r| r.is_ok()))
+    }
+    fn write_zeroes_async(&self, offset: u64, len: u64) -> IoFuture<'_, io::Result<()>> {
+        let call = self.dev.write_zeroes_async(offset, len);
+        Box::pin(self.time_async("write_zeroes", 0, call, |r| r.is_ok()))
     }
 }

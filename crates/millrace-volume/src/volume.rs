@@ -4,7 +4,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use millrace_block::{check_range, BlockDevice};
+use millrace_block::{check_range, BlockDevice, BufResult, IoBuf, IoFuture};
 use uuid::Uuid;
 
 /// A volume opened for I/O. Growing the volume is seen at once by everyone holding it; deleting
@@ -96,5 +96,58 @@ impl BlockDevice for Volume {
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         let at = self.check(offset, len)?;
         self.dev.write_zeroes(at, len)
+    }
+    fn read_async(&self, offset: u64, buf: IoBuf) -> IoFuture<'_, BufResult> {
+        match self.check(offset, buf.len() as u64) {
+            Ok(at) => self.dev.read_async(at, buf),
+            Err(e) => Box::pin(std::future::ready((Err(e), buf))),
+        }
+    }
+    fn write_async(&self, offset: u64, buf: IoBuf, fua: bool) -> IoFuture<'_, BufResult> {
+        match self.check(offset, buf.len() as u64) {
+            Ok(at) => self.dev.write_async(at, buf, fua),
+            Err(e) => Box::pin(std::future::ready((Err(e), buf))),
+        }
+    }
+    fn flush_async(&self) -> IoFuture<'_, io::Result<()>> {
+        match self.check(0, 0) {
+            Ok(_) => self.dev.flush_async(),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
+    }
+    fn discard_async(&self, offset: u64, len: u64) -> IoFuture<'_, io::Result<()>> {
+        match self.check(offset, len) {
+            Ok(at) => self.dev.discard_async(at, len),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
+    }
+    fn write_zeroes_async(&self, offset: u64, len: u64) -> IoFuture<'_, io::Result<()>> {
+        match self.check(offset, len) {
+            Ok(at) => self.dev.write_zeroes_async(at, len),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use millrace_block::MemBlockDevice;
+
+    #[tokio::test]
+    async fn async_calls_land_at_the_volume_offset_and_stop_when_deleted() {
+        let pool: Arc<dyn BlockDevice> = Arc::new(MemBlockDevice::new(1 << 20));
+        let v = Volume::new(pool.clone(), "v".into(), Uuid::new_v4(), 65536, 65536);
+        let (r, buf) = v.write_async(10, IoBuf::from_slice(b"there"), false).await;
+        r.unwrap();
+        let mut under = [0u8; 5];
+        pool.read_at(65536 + 10, &mut under).unwrap();
+        assert_eq!(&under, b"there");
+        let (r, buf) = v.read_async(65536 - 2, buf).await;
+        assert!(r.unwrap_err().to_string().contains("past the end"));
+        v.mark_deleted();
+        let (r, _) = v.read_async(10, buf).await;
+        assert!(r.unwrap_err().to_string().contains("deleted"));
+        assert!(v.flush_async().await.is_err());
     }
 }

@@ -1,0 +1,24 @@
+//! Millrace's data-path foundation, below both the array engine and the exports; it knows
+//! nothing of RAID or of protocols (DESIGN.md, "The data path").
+//!
+//! - [`BufPool`] / [`IoBuf`]: one 4 KiB-aligned region mapped at start-up, sliced per core,
+//!   bounded, with back-pressure. A request takes an owned buffer, receives its payload into it,
+//!   lends it to the drives and sends its reply from it: no allocation, no zeroing and no bounce
+//!   copy per request.
+//! - [`Cores`]: one thread per core, each a tokio current-thread runtime whose connections,
+//!   io_uring and pool slice belong to it alone; [`Cores::spawn_on`] places a connection.
+//! - [`ring`]: batches of member I/O submitted to the current core's io_uring and completed
+//!   there, sound against dropped futures; synchronous where no core runs.
+//!
+//! docs/DATAPATH.md is the guide for export authors.
+
+mod buddy;
+pub mod buf;
+pub mod cores;
+pub mod pool;
+pub mod ring;
+
+pub use buf::{IoBuf, ALIGN};
+pub use cores::{current_core, CoreTask, Cores, CoresConfig};
+pub use pool::{BufPool, PoolConfig, PoolUsage};
+pub use ring::{on_ring, Batch, OpKind, SharedBuf};
