@@ -14,4 +14,6 @@
 //!   invalidate, so the host need not invalidate its key itself. Small writes may carry their
 //!   data in the capsule (SGL data block, offset subtype) on I/O queues.
 
+pub mod accept;
+pub mod sizing;
 pub mod wire;
