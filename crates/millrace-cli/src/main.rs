@@ -6,6 +6,7 @@ mod export_cmd;
 mod format;
 mod io_cmd;
 mod pool_cmd;
+mod rdma_fmt;
 mod serve_cmd;
 mod share_cmd;
 mod volume_cmd;

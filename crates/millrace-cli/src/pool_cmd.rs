@@ -641,7 +641,19 @@ fn print_list(infos: &[ListRow], json: bool, where_: &str) -> Result<()> {
 
 pub fn status(home: &Path, api: Option<&Api>, json: bool) -> Result<()> {
     match api {
-        Some(a) => run_api(a, PoolCmd::List { json }),
-        None => list(home, json).context("cannot read the pools' status"),
+        Some(a) => {
+            run_api(a, PoolCmd::List { json })?;
+            if !json {
+                crate::rdma_fmt::print(&a.get("/api/v1/status")?["rdma"]);
+            }
+            Ok(())
+        }
+        None => {
+            list(home, json).context("cannot read the pools' status")?;
+            if !json {
+                crate::rdma_fmt::print_local();
+            }
+            Ok(())
+        }
     }
 }

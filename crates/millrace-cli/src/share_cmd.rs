@@ -18,7 +18,7 @@ pub enum ShareCmd {
     /// Create a volume, format it with XFS aligned to the pool's stripes, mount it and export
     /// it over NFS (v3 and v4.2) to the listed clients.
     #[command(
-        after_help = "Example:\n  millrace share create tank/datasets --size 500G --client 10.0.0.0/24\n  # on a client: mount -t nfs -o vers=4.2 SERVER:/srv/millrace/tank/datasets /data"
+        after_help = "Example:\n  millrace share create tank/datasets --size 500G --client 10.0.0.0/24\n  # on a client: mount -t nfs -o vers=4.2 SERVER:/srv/millrace/tank/datasets /data\n  # over RDMA (where the server has an RDMA device): mount -t nfs -o vers=4.2,proto=rdma,port=20049 SERVER:/srv/millrace/tank/datasets /data"
     )]
     Create {
         /// POOL/VOLUME
@@ -87,10 +87,13 @@ pub fn run(home: &Path, api: Option<&Api>, cmd: ShareCmd) -> Result<()> {
                     v["nbd_device"].as_str().unwrap_or("?"),
                     clients.join(", ")
                 );
-                println!(
-                    "  on a client: mount -t nfs -o vers=4.2 {} /mnt",
-                    v["nfs_path"].as_str().unwrap_or("?")
-                );
+                let path = v["nfs_path"].as_str().unwrap_or("?");
+                println!("  on a client: mount -t nfs -o vers=4.2 {path} /mnt");
+                if let Some(p) = v["nfs_rdma_port"].as_u64() {
+                    println!(
+                        "  over RDMA:   mount -t nfs -o vers=4.2,proto=rdma,port={p} {path} /mnt   (or vers=3)"
+                    );
+                }
             }
             Ok(())
         }
@@ -113,9 +116,16 @@ pub fn run(home: &Path, api: Option<&Api>, cmd: ShareCmd) -> Result<()> {
                     .flatten()
                     .filter_map(|c| c.as_str())
                     .collect();
+                let rdma = s["nfs_rdma_port"]
+                    .as_u64()
+                    .map(|p| format!(", TCP and RDMA (port {p})"))
+                    .unwrap_or_else(|| ", TCP".into());
                 let state = match (s["mounted"].as_bool(), s["exported"].as_bool()) {
                     (Some(true), Some(true)) => {
-                        format!("exported ({})", s["nbd_device"].as_str().unwrap_or("?"))
+                        format!(
+                            "exported ({}){rdma}",
+                            s["nbd_device"].as_str().unwrap_or("?")
+                        )
                     }
                     (Some(true), _) => "mounted, not exported".into(),
                     _ => "down".into(),

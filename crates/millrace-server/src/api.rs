@@ -276,6 +276,7 @@ async fn status(AxState(s): S) -> R {
             "volumes": volumes,
             "exports": exports,
             "unavailable_pools": *s.unavailable.read(),
+            "rdma": crate::rdma::view(),
         })))
     })
     .await

@@ -12,7 +12,9 @@ mod exports;
 mod jobs;
 mod metered;
 mod metrics;
+pub mod nfs_rdma;
 mod openapi;
+mod rdma;
 mod shares;
 mod state;
 

@@ -256,6 +256,7 @@ pub fn render(state: &State) -> String {
     conns.get_or_create(&nbd).set(b.connections_open as i64);
     conns_total.get_or_create(&nbd).inc_by(b.connections_total);
     refused.get_or_create(&nbd).inc_by(b.connections_refused);
+    crate::rdma::register_metrics(&mut reg);
     let up = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
     up.set(state.started.elapsed().as_secs_f64());
     reg.register(

@@ -65,6 +65,9 @@ pub struct ShareView {
     pub exported: bool,
     /// What clients mount: SERVER:PATH.
     pub nfs_path: String,
+    /// The port nfsd takes NFS/RDMA mounts on (`-o proto=rdma,port=20049`); null where the
+    /// host has no RDMA device or nfsd does not listen for RDMA.
+    pub nfs_rdma_port: Option<u16>,
 }
 
 /// One lock for everything that changes shares: two creates must not pick the same free
@@ -386,7 +389,7 @@ fn start_nfsd(threads: u32) -> Result<(), String> {
             &threads.to_string(),
         ],
     )?;
-    add_rdma_port();
+    crate::nfs_rdma::ensure();
     Ok(())
 }
 
@@ -455,22 +458,9 @@ fn ensure_nfs_server() -> Result<(), String> {
             );
         }
     }
+    // Whoever started nfsd, RDMA clients need its RDMA listener (it is not on by default).
+    crate::nfs_rdma::ensure();
     Ok(())
-}
-
-/// NFS over RDMA on its usual port when the host has an RDMA device.
-fn add_rdma_port() {
-    let has_rdma = std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
-    if !has_rdma {
-        return;
-    }
-    let _ = run("modprobe", &["svcrdma"]).or_else(|_| run("modprobe", &["rpcrdma"]));
-    let listed = std::fs::read_to_string("/proc/fs/nfsd/portlist").unwrap_or_default();
-    if !listed.contains("rdma") {
-        if let Err(e) = std::fs::write("/proc/fs/nfsd/portlist", "rdma 20049\n") {
-            tracing::warn!("cannot add the NFS/RDMA port 20049: {e}");
-        }
-    }
 }
 
 fn export_opts(c: &ShareConfig, fsid: u32) -> String {
@@ -707,6 +697,7 @@ impl State {
             mounted: is_mounted(&config.mountpoint),
             exported: is_exported(&config.mountpoint),
             nfs_path: format!("{host}:{}", config.mountpoint.display()),
+            nfs_rdma_port: crate::nfs_rdma::listening_port(),
             config,
         }
     }
