@@ -1,0 +1,309 @@
+//! Parity writes, planned per (row, group) "unit": a full stripe computes parity from new data
+//! alone; a partial one reads either the old data and parity (read-modify-write) or the rest of
+//! the span (reconstruct-write), whichever reads less; a group missing a member it needs rebuilds
+//! the span from what it can read, then writes. All units' reads go out as one batch, then all
+//! writes as another (through the journal while the pool is degraded).
+
+use std::sync::atomic::Ordering;
+
+use super::parity::{gen_parity, recover};
+use super::{Array, ArrayError, Piece, Result};
+use crate::aligned::AlignedBuf;
+use crate::io::Op;
+
+/// One data strip's part of a write.
+struct StripWrite {
+    /// The data strip's index in its group (its syndrome order).
+    index: usize,
+    /// Offset inside the strip.
+    at: u64,
+    /// Offset inside the request's data.
+    from: usize,
+    len: usize,
+}
+
+impl StripWrite {
+    fn data<'a>(&self, data: &'a [u8]) -> &'a [u8] {
+        &data[self.from..self.from + self.len]
+    }
+}
+
+enum Plan {
+    Full,
+    Rmw,
+    Rcw,
+    Rebuild,
+}
+
+/// The writes of one request that land in one group of one row.
+struct Unit {
+    row: u64,
+    group: usize,
+    /// Members in syndrome order: data 0..k, then P (and Q).
+    layout: Vec<usize>,
+    writes: Vec<StripWrite>,
+    lo: u64,
+    hi: u64,
+    plan: Plan,
+    /// Span [lo, hi) buffers per layout position, as the plan needs them.
+    span: Vec<Option<AlignedBuf>>,
+    /// Old contents of each write (read-modify-write).
+    old: Vec<AlignedBuf>,
+    /// Layout positions this attempt could not read (fixed at planning time).
+    missing: Vec<usize>,
+}
+
+impl Unit {
+    fn span_len(&self) -> usize {
+        (self.hi - self.lo) as usize
+    }
+
+    /// Whether write `w` covers the whole span (its strip needs no read for reconstruct-write).
+    fn covers(&self, w: &StripWrite) -> bool {
+        w.at == self.lo && w.len == self.span_len()
+    }
+}
+
+/// One attempt at a parity write. Ok(false): a read failed, members were marked faulty.
+pub(super) fn write(a: &Array, pieces: &[Piece], data: &[u8]) -> Result<bool> {
+    let mut units = units(a, pieces);
+    for u in units.iter_mut() {
+        plan(a, u)?;
+    }
+    if !read_phase(a, &mut units) {
+        return Ok(false);
+    }
+    let np = a.geo.level.parity();
+    for u in units.iter_mut() {
+        match u.plan {
+            Plan::Full => compute_full(u, data, np),
+            Plan::Rmw => compute_rmw(u, data, np),
+            Plan::Rcw | Plan::Rebuild => compute_rcw(u, data, np),
+        }
+    }
+    write_phase(a, &units, data)?;
+    match a.offline_group() {
+        Some(e) => Err(e),
+        None => Ok(true),
+    }
+}
+
+fn units(a: &Array, pieces: &[Piece]) -> Vec<Unit> {
+    let geo = &a.geo;
+    let mut units: Vec<Unit> = Vec::new();
+    for p in pieces {
+        let loc = geo.locate(p.row, p.col);
+        let same = units
+            .last()
+            .is_some_and(|u| u.row == p.row && u.group == loc.group);
+        if !same {
+            units.push(Unit {
+                row: p.row,
+                group: loc.group,
+                layout: geo.group_layout(p.row, loc.group),
+                writes: Vec::new(),
+                lo: p.s,
+                hi: p.s + p.len as u64,
+                plan: Plan::Full,
+                span: Vec::new(),
+                old: Vec::new(),
+                missing: Vec::new(),
+            });
+        }
+        let u = units.last_mut().unwrap();
+        u.writes.push(StripWrite {
+            index: loc.index,
+            at: p.s,
+            from: p.at,
+            len: p.len,
+        });
+        u.lo = u.lo.min(p.s);
+        u.hi = u.hi.max(p.s + p.len as u64);
+    }
+    units
+}
+
+/// Chooses the unit's plan and gives it the buffers the plan needs.
+fn plan(a: &Array, u: &mut Unit) -> Result<()> {
+    let k = a.geo.group_data();
+    let np = a.geo.level.parity();
+    let span = u.span_len();
+    u.missing = (0..u.layout.len())
+        .filter(|&i| !a.readable(u.layout[i], u.row))
+        .collect();
+    let full = u.writes.len() == k
+        && u.writes
+            .iter()
+            .all(|w| w.at == 0 && w.len as u64 == a.geo.strip);
+    u.plan = if full {
+        Plan::Full
+    } else if !u.missing.is_empty() {
+        if u.missing.len() > np {
+            return Err(ArrayError::Offline {
+                group: u.group,
+                lost: u.missing.len(),
+                tolerance: np,
+            });
+        }
+        Plan::Rebuild
+    } else {
+        let rmw: usize = u.writes.iter().map(|w| w.len).sum::<usize>() + np * span;
+        let covering = u.writes.iter().filter(|w| u.covers(w)).count();
+        if rmw <= (k - covering) * span {
+            Plan::Rmw
+        } else {
+            Plan::Rcw
+        }
+    };
+    let n = u.layout.len();
+    let stat = match u.plan {
+        Plan::Full => &a.stats.full_stripe_writes,
+        Plan::Rmw => &a.stats.rmw_writes,
+        Plan::Rcw => &a.stats.rcw_writes,
+        Plan::Rebuild => &a.stats.degraded_writes,
+    };
+    stat.fetch_add(1, Ordering::Relaxed);
+    let needs: Vec<bool> = (0..n)
+        .map(|i| match u.plan {
+            Plan::Full | Plan::Rmw => i >= k,
+            Plan::Rcw => !u.writes.iter().any(|w| w.index == i && u.covers(w)),
+            Plan::Rebuild => true,
+        })
+        .collect();
+    u.span = needs
+        .into_iter()
+        .map(|need| need.then(|| AlignedBuf::zeroed(span)))
+        .collect();
+    if matches!(u.plan, Plan::Rmw) {
+        u.old = u.writes.iter().map(|w| AlignedBuf::zeroed(w.len)).collect();
+    }
+    Ok(())
+}
+
+/// Reads what every unit's plan needs, as one batch. Returns whether all reads succeeded.
+fn read_phase(a: &Array, units: &mut [Unit]) -> bool {
+    let k = a.geo.group_data();
+    let mut ops: Vec<Op> = Vec::new();
+    for u in units.iter_mut() {
+        let at = a.member_offset(u.row, u.lo);
+        match u.plan {
+            Plan::Full => {}
+            Plan::Rmw => {
+                for (w, old) in u.writes.iter().zip(u.old.iter_mut()) {
+                    let m = u.layout[w.index];
+                    ops.push(Op::read(m, a.member_offset(u.row, w.at), old));
+                }
+                for (b, &m) in u.span[k..].iter_mut().zip(&u.layout[k..]) {
+                    ops.push(Op::read(m, at, b.as_mut().unwrap()));
+                }
+            }
+            Plan::Rcw => {
+                for (b, &m) in u.span[..k].iter_mut().zip(&u.layout[..k]) {
+                    if let Some(b) = b.as_mut() {
+                        ops.push(Op::read(m, at, b));
+                    }
+                }
+            }
+            Plan::Rebuild => {
+                for (i, b) in u.span.iter_mut().enumerate() {
+                    if !u.missing.contains(&i) {
+                        ops.push(Op::read(u.layout[i], at, b.as_mut().unwrap()));
+                    }
+                }
+            }
+        }
+    }
+    a.run(&mut ops)
+}
+
+fn compute_full(u: &mut Unit, data: &[u8], np: usize) {
+    let k = u.layout.len() - np;
+    let mut srcs: Vec<&[u8]> = vec![&[]; k];
+    for w in &u.writes {
+        srcs[w.index] = w.data(data);
+    }
+    gen_parity(&srcs, &mut u.span[k..], np);
+}
+
+fn compute_rmw(u: &mut Unit, data: &[u8], np: usize) {
+    let k = u.layout.len() - np;
+    let (_, par) = u.span.split_at_mut(k);
+    for (w, old) in u.writes.iter().zip(u.old.iter_mut()) {
+        // old ^= new gives the delta that P and Q must absorb.
+        millrace_parity::xor_into(old, w.data(data));
+        let at = (w.at - u.lo) as usize;
+        let p = par[0].as_mut().unwrap();
+        millrace_parity::xor_into(&mut p[at..at + w.len], old);
+        if np == 2 {
+            let q = par[1].as_mut().unwrap();
+            millrace_parity::mul_xor_into(
+                millrace_parity::gf::exp(w.index),
+                old,
+                &mut q[at..at + w.len],
+            );
+        }
+    }
+}
+
+/// Reconstruct-write (and a degraded rebuild-write): the span's data, old where not written,
+/// new where written, gives the new parity.
+fn compute_rcw(u: &mut Unit, data: &[u8], np: usize) {
+    let k = u.layout.len() - np;
+    let span = u.span_len();
+    if matches!(u.plan, Plan::Rebuild) {
+        let mut strips: Vec<&mut [u8]> = u
+            .span
+            .iter_mut()
+            .map(|b| &mut b.as_mut().unwrap()[..])
+            .collect();
+        recover(&mut strips, &u.missing, np);
+    }
+    for w in &u.writes {
+        if let Some(b) = u.span[w.index].as_mut() {
+            let at = (w.at - u.lo) as usize;
+            b[at..at + w.len].copy_from_slice(w.data(data));
+        }
+    }
+    let (dpart, ppart) = u.span.split_at_mut(k);
+    let mut srcs: Vec<&[u8]> = Vec::with_capacity(k);
+    for (i, b) in dpart.iter().enumerate() {
+        match b {
+            Some(b) => srcs.push(&b[..]),
+            None => {
+                let w = u.writes.iter().find(|w| w.index == i).unwrap();
+                srcs.push(&data[w.from..w.from + span]);
+            }
+        }
+    }
+    gen_parity(&srcs, ppart, np);
+}
+
+/// Writes every unit's new data and parity, as one batch (through the journal while the pool
+/// is degraded).
+fn write_phase(a: &Array, units: &[Unit], data: &[u8]) -> Result<()> {
+    let k = a.geo.group_data();
+    let mut ops: Vec<Op> = Vec::new();
+    for u in units {
+        for w in &u.writes {
+            let m = u.layout[w.index];
+            if a.writable(m) {
+                ops.push(Op::write(m, a.member_offset(u.row, w.at), w.data(data)));
+            }
+        }
+        let at = a.member_offset(u.row, u.lo);
+        for (i, &m) in u.layout.iter().enumerate() {
+            // Parity, and a member being rebuilt gets the whole span it now has a value for.
+            let rebuilt = matches!(u.plan, Plan::Rebuild) && u.missing.contains(&i);
+            if a.writable(m) && (i >= k || rebuilt) {
+                ops.push(Op::write(m, at, u.span[i].as_ref().unwrap()));
+            }
+        }
+    }
+    if !a.all_online() {
+        a.journaled_write(&mut ops)
+    } else {
+        a.retire_journal();
+        a.run(&mut ops);
+        Ok(())
+    }
+}

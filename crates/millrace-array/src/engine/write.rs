@@ -1,0 +1,86 @@
+//! The write path: checks, row locks and the write-intent bitmap, unaligned edges, and the
+//! cut of a degraded parity write into pieces the journal holds; the strategy plans and issues
+//! each attempt.
+
+use std::sync::atomic::Ordering;
+
+use super::{Array, ArrayError, Result};
+use crate::aligned::AlignedBuf;
+use crate::geometry::SECTOR;
+
+impl Array {
+    /// Writes `data` at any offset.
+    pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.check_range(offset, data.len() as u64)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.stats.write_ops.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .write_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        let a0 = offset / SECTOR * SECTOR;
+        let a1 = (offset + data.len() as u64).div_ceil(SECTOR) * SECTOR;
+        let _guards = self.lock_rows(a0, a1 - a0);
+        if let Some(b) = &self.bitmap {
+            // The intent is durable before the first byte of the region changes, so a crash
+            // anywhere in this write is found and resynced.
+            let fs = self.geo.full_stripe_bytes();
+            b.mark(a0 / fs, (a1 - 1) / fs, &self.live_drives());
+        }
+        if !self.needs_bounce(offset, data) {
+            return self.write_sectors(offset, data);
+        }
+        // Unaligned edges: read the sectors they share with other data, under the same locks.
+        let mut tmp = AlignedBuf::zeroed((a1 - a0) as usize);
+        let end = offset + data.len() as u64;
+        if offset != a0 {
+            self.read_sectors(a0, &mut tmp[..SECTOR as usize], true)?;
+        }
+        if end != a1 && (a1 - SECTOR != a0 || offset == a0) {
+            let at = (a1 - a0 - SECTOR) as usize;
+            self.read_sectors(a1 - SECTOR, &mut tmp[at..], true)?;
+        }
+        let from = (offset - a0) as usize;
+        tmp[from..from + data.len()].copy_from_slice(data);
+        self.write_sectors(a0, &tmp)
+    }
+
+    /// Writes whole sectors; the caller holds the rows' locks. While a parity pool is degraded
+    /// every write goes through the journal, so it is cut at row boundaries into pieces whose
+    /// records fit there.
+    fn write_sectors(&self, offset: u64, data: &[u8]) -> Result<()> {
+        if self.geo.level.is_parity() && !self.all_online() {
+            let cap = crate::journal::capacity(self.data_offset);
+            // Worst case per row: every member's strip, plus room for the header and table.
+            let rows = cap.saturating_sub(64 << 10) / (self.geo.members as u64 * self.geo.strip);
+            if rows > 0 {
+                let fs = self.geo.full_stripe_bytes();
+                let end = offset + data.len() as u64;
+                let mut pos = offset;
+                while pos < end {
+                    let next = end.min((pos / fs + rows) * fs);
+                    let piece = &data[(pos - offset) as usize..(next - offset) as usize];
+                    self.write_sectors_once(pos, piece)?;
+                    pos = next;
+                }
+                return Ok(());
+            }
+        }
+        self.write_sectors_once(offset, data)
+    }
+
+    fn write_sectors_once(&self, offset: u64, data: &[u8]) -> Result<()> {
+        for _ in 0..=self.geo.members {
+            let pieces = self.pieces(offset, data.len());
+            if self.layout.write(self, &pieces, data)? {
+                return Ok(());
+            }
+        }
+        Err(self.offline_group().unwrap_or(ArrayError::Offline {
+            group: 0,
+            lost: self.geo.members,
+            tolerance: self.geo.tolerance_per_group(),
+        }))
+    }
+}
