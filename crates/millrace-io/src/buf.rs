@@ -72,6 +72,18 @@ impl IoBuf {
         b
     }
 
+    /// The current length (without forming a slice over the bytes, which the kernel may be
+    /// writing while the buffer is lent to it).
+    #[allow(clippy::len_without_is_empty)]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The start of the bytes, without forming a slice over them (for I/O submission).
+    pub fn raw_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
     /// Bytes the buffer can hold.
     pub fn capacity(&self) -> usize {
         self.cap

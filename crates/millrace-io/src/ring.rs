@@ -78,10 +78,20 @@ impl SharedBuf {
             .map_err(SharedBuf)
     }
 
+    /// The buffer's length.
+    pub fn len(&self) -> usize {
+        self.raw().1
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     fn raw(&self) -> (*mut u8, usize) {
-        // SAFETY: reading the pointer and length of the IoBuf does not touch its bytes.
-        let b = unsafe { &mut *self.0 .0.get() };
-        (b.as_mut_ptr(), b.len())
+        // SAFETY: a shared reference to the IoBuf handle (never to its bytes, which the kernel
+        // may be writing); no &mut to it exists while other handles do (see get_mut).
+        let b = unsafe { &*self.0 .0.get() };
+        (b.raw_ptr(), b.len())
     }
 }
 

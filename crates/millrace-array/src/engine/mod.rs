@@ -14,8 +14,10 @@
 //! batch, then all writes as another, so every drive works at once. Rows touched by a write are
 //! locked, so concurrent writes to one stripe never leave its parity wrong.
 
+mod completion;
 mod journaled;
 mod layout;
+mod locks;
 mod mirror;
 mod parity;
 mod parity_write;
@@ -32,7 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use parking_lot::{Mutex, MutexGuard, RwLock};
+use parking_lot::{Mutex, RwLock};
 
 use crate::aligned::is_aligned;
 use crate::drive::Drive;
@@ -121,8 +123,6 @@ impl Drive for MissingDrive {
 
 type FailureHook = Box<dyn Fn(usize, &io::Error) + Send + Sync>;
 
-const LOCK_SHARDS: usize = 1024;
-
 pub struct Array {
     geo: Geometry,
     /// The strategy of this pool's level.
@@ -135,7 +135,7 @@ pub struct Array {
     states: Vec<AtomicU8>,
     /// Rows below this are valid on a member being rebuilt (per member).
     rebuilt_rows: Vec<AtomicU64>,
-    locks: Vec<Mutex<()>>,
+    locks: locks::RowLocks,
     on_failure: RwLock<Option<FailureHook>>,
     /// The write-intent bitmap, where the metadata area has room for one.
     bitmap: Option<crate::bitmap::Bitmap>,
@@ -210,7 +210,7 @@ impl Array {
                 .map(|s| AtomicU8::new(state_code(*s)))
                 .collect(),
             rebuilt_rows: (0..geo.members).map(|_| AtomicU64::new(0)).collect(),
-            locks: (0..LOCK_SHARDS).map(|_| Mutex::new(())).collect(),
+            locks: locks::RowLocks::new(),
             on_failure: RwLock::new(None),
             bitmap: crate::bitmap::region_rows(geo.rows(), geo.strip, data_offset)
                 .filter(|_| geo.tolerance_per_group() > 0)
@@ -435,22 +435,17 @@ impl Array {
 
     /// Locks the rows of [offset, offset+len) in shard order, so two requests never wait on
     /// each other in a cycle.
-    fn lock_rows(&self, offset: u64, len: u64) -> Vec<MutexGuard<'_, ()>> {
+    fn lock_rows(&self, offset: u64, len: u64) -> locks::RowGuard<'_> {
+        self.locks.lock(self.row_shards(offset, len))
+    }
+
+    /// The lock shards of the rows of [offset, offset+len), ascending.
+    fn row_shards(&self, offset: u64, len: u64) -> Vec<usize> {
         if len == 0 {
             return Vec::new();
         }
         let fs = self.geo.full_stripe_bytes();
-        let (r0, r1) = (offset / fs, (offset + len - 1) / fs);
-        let mut shards: Vec<usize> = if r1 - r0 + 1 >= LOCK_SHARDS as u64 {
-            (0..LOCK_SHARDS).collect()
-        } else {
-            (r0..=r1)
-                .map(|r| (r % LOCK_SHARDS as u64) as usize)
-                .collect()
-        };
-        shards.sort_unstable();
-        shards.dedup();
-        shards.into_iter().map(|i| self.locks[i].lock()).collect()
+        locks::RowLocks::shards(offset / fs, (offset + len - 1) / fs)
     }
 
     fn needs_bounce(&self, offset: u64, buf: &[u8]) -> bool {
@@ -543,21 +538,14 @@ impl millrace_block::BlockDevice for Array {
     fn flush(&self) -> io::Result<()> {
         Array::flush(self).map_err(Into::into)
     }
-    // The async face runs the engine's current path inline for now (see docs/DATAPATH.md);
-    // the completion-based engine replaces these bodies, not their signatures.
-    fn read_async(&self, offset: u64, mut buf: IoBuf) -> IoFuture<'_, BufResult> {
-        Box::pin(async move {
-            let r = Array::read_at(self, offset, &mut buf).map_err(Into::into);
-            (r, buf)
-        })
+    // Completion-based on a core's ring; the blocking engine inline elsewhere (completion.rs).
+    fn read_async(&self, offset: u64, buf: IoBuf) -> IoFuture<'_, BufResult> {
+        Box::pin(self.read_owned(offset, buf))
     }
     fn write_async(&self, offset: u64, buf: IoBuf, fua: bool) -> IoFuture<'_, BufResult> {
-        Box::pin(async move {
-            let mut r = Array::write_at(self, offset, &buf);
-            if fua && r.is_ok() {
-                r = Array::flush(self);
-            }
-            (r.map_err(Into::into), buf)
-        })
+        Box::pin(self.write_owned(offset, buf, fua))
+    }
+    fn flush_async(&self) -> IoFuture<'_, io::Result<()>> {
+        Box::pin(self.flush_owned())
     }
 }

@@ -47,13 +47,19 @@ impl Array {
         self.stats
             .read_bytes
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.read_counted(offset, buf, false)
+    }
+
+    /// `read_at` once its range is checked and counted. `locked`: the caller holds the rows'
+    /// locks already.
+    pub(super) fn read_counted(&self, offset: u64, buf: &mut [u8], locked: bool) -> Result<()> {
         if !self.needs_bounce(offset, buf) {
-            return self.read_sectors(offset, buf, false);
+            return self.read_sectors(offset, buf, locked);
         }
         let a0 = offset / SECTOR * SECTOR;
         let a1 = (offset + buf.len() as u64).div_ceil(SECTOR) * SECTOR;
         let mut tmp = AlignedBuf::zeroed((a1 - a0) as usize);
-        self.read_sectors(a0, &mut tmp, false)?;
+        self.read_sectors(a0, &mut tmp, locked)?;
         let from = (offset - a0) as usize;
         buf.copy_from_slice(&tmp[from..from + buf.len()]);
         Ok(())
@@ -63,11 +69,8 @@ impl Array {
     pub(super) fn read_sectors(&self, offset: u64, buf: &mut [u8], locked: bool) -> Result<()> {
         // Each failed attempt takes at least one member out of service, so this ends.
         for _ in 0..=self.geo.members {
-            let _guards = if !locked && !self.all_online() {
-                self.lock_rows(offset, buf.len() as u64)
-            } else {
-                Vec::new()
-            };
+            let _guards =
+                (!locked && !self.all_online()).then(|| self.lock_rows(offset, buf.len() as u64));
             if self.try_read(offset, buf)? {
                 return Ok(());
             }

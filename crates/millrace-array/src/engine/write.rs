@@ -8,6 +8,13 @@ use super::{Array, ArrayError, Result};
 use crate::aligned::AlignedBuf;
 use crate::geometry::SECTOR;
 
+/// The whole sectors [a0, a1) that [offset, offset + len) touches.
+pub(super) fn sector_span(offset: u64, len: usize) -> (u64, u64) {
+    let a0 = offset / SECTOR * SECTOR;
+    let a1 = (offset + len as u64).div_ceil(SECTOR) * SECTOR;
+    (a0, a1)
+}
+
 impl Array {
     /// Writes `data` at any offset.
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
@@ -19,9 +26,14 @@ impl Array {
         self.stats
             .write_bytes
             .fetch_add(data.len() as u64, Ordering::Relaxed);
-        let a0 = offset / SECTOR * SECTOR;
-        let a1 = (offset + data.len() as u64).div_ceil(SECTOR) * SECTOR;
+        let (a0, a1) = sector_span(offset, data.len());
         let _guards = self.lock_rows(a0, a1 - a0);
+        self.write_locked(offset, data)
+    }
+
+    /// `write_at` once its range is checked and counted and its rows are locked.
+    pub(super) fn write_locked(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let (a0, a1) = sector_span(offset, data.len());
         if let Some(b) = &self.bitmap {
             // The intent is durable before the first byte of the region changes, so a crash
             // anywhere in this write is found and resynced.

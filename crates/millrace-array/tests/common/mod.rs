@@ -31,7 +31,10 @@ pub fn gf_pow2(i: usize) -> u8 {
 
 pub struct Rig {
     pub mems: Vec<Arc<MemDrive>>,
-    pub array: Array,
+    /// Drive files, where the rig runs on files (`file_rig`) instead of RAM drives.
+    pub files: Vec<std::path::PathBuf>,
+    pub _dir: Option<tempfile::TempDir>,
+    pub array: Arc<Array>,
     pub level: Level,
     pub n: usize,
     pub group: usize,
@@ -56,7 +59,46 @@ pub fn rig(level: Level, n: usize, group: Option<usize>, strip: usize, rows: usi
     );
     Rig {
         mems,
-        array,
+        files: Vec::new(),
+        _dir: None,
+        array: Arc::new(array),
+        level,
+        n,
+        group: geo.group,
+        strip,
+        rows,
+        data_offset,
+    }
+}
+
+/// A rig on drive files in a temporary directory (io_uring can reach them).
+pub fn file_rig(level: Level, n: usize, group: Option<usize>, strip: usize, rows: usize) -> Rig {
+    let data_offset = 8192;
+    let size = data_offset + strip * rows;
+    let dir = tempfile::tempdir().unwrap();
+    let files: Vec<std::path::PathBuf> = (0..n).map(|i| dir.path().join(format!("d{i}"))).collect();
+    let drives: Vec<Arc<dyn Drive>> = files
+        .iter()
+        .map(|p| {
+            std::fs::File::create(p)
+                .unwrap()
+                .set_len(size as u64)
+                .unwrap();
+            Arc::new(millrace_array::drive::FileDrive::open(p).unwrap()) as Arc<dyn Drive>
+        })
+        .collect();
+    let geo = Geometry::new(level, n, group, strip as u64, (strip * rows) as u64).unwrap();
+    let array = Array::new(
+        geo,
+        data_offset as u64,
+        drives,
+        &vec![MemberState::Online; n],
+    );
+    Rig {
+        mems: Vec::new(),
+        files,
+        _dir: Some(dir),
+        array: Arc::new(array),
         level,
         n,
         group: geo.group,
@@ -67,6 +109,18 @@ pub fn rig(level: Level, n: usize, group: Option<usize>, strip: usize, rows: usi
 }
 
 impl Rig {
+    /// Every drive's bytes, read straight off the drive (RAM or file).
+    fn snaps(&self) -> Vec<Vec<u8>> {
+        if self.files.is_empty() {
+            self.mems.iter().map(|m| m.snapshot()).collect()
+        } else {
+            self.files
+                .iter()
+                .map(|p| std::fs::read(p).unwrap())
+                .collect()
+        }
+    }
+
     fn parity(&self) -> usize {
         match self.level {
             Level::Raid5 | Level::Raid50 => 1,
@@ -100,7 +154,7 @@ impl Rig {
 
     /// The pool's logical content, read straight off the drives with the reference layout.
     pub fn logical_from_drives(&self) -> Vec<u8> {
-        let snaps: Vec<Vec<u8>> = self.mems.iter().map(|m| m.snapshot()).collect();
+        let snaps = self.snaps();
         let groups = self.n / self.group;
         let np = self.parity();
         let per_group = if np > 0 { self.group - np } else { 1 };
@@ -118,7 +172,7 @@ impl Rig {
 
     /// Checks every row's redundancy with the reference arithmetic. Returns the first problem.
     pub fn check_redundancy(&self) -> Result<(), String> {
-        let snaps: Vec<Vec<u8>> = self.mems.iter().map(|m| m.snapshot()).collect();
+        let snaps = self.snaps();
         let groups = self.n / self.group;
         let np = self.parity();
         for row in 0..self.rows {

@@ -1,0 +1,347 @@
+//! The completion-based face of the engine (`BlockDevice::read_async` and friends).
+//!
+//! On a core of `millrace_io::Cores` with every member online and behind a file descriptor, a
+//! request's member I/O goes to the core's io_uring as one batch, straight from and into the
+//! request's own buffer, and the request's task is woken on the same core when the last member
+//! operation completes: no thread waits. Reads of a healthy pool take no lock (as the blocking
+//! path); writes take their rows' locks asynchronously (see `locks`). Full-stripe parity writes
+//! compute parity as the batch is built, from the request's buffer.
+//!
+//! Everything else (a partial-stripe parity write, a degraded pool, an unaligned range, a member
+//! failing mid-request, a thread with no ring) runs the blocking engine inline; on a core the
+//! rows are locked asynchronously first, so a core never blocks on a lock that a task of its
+//! own holds across an await.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use millrace_block::{BufResult, IoBuf};
+use millrace_io::{Batch, SharedBuf};
+
+use super::layout::ReadFrom;
+use super::write::sector_span;
+use super::{Array, Result};
+use crate::drive::Drive;
+use crate::geometry::SECTOR;
+
+type Drives = Arc<Vec<Arc<dyn Drive>>>;
+
+/// Which member and how many bytes each operation of a batch moves, to account its result.
+struct Sent {
+    member: usize,
+    len: usize,
+    write: bool,
+}
+
+impl Array {
+    /// The drives, when this request can go to this core's ring as it is.
+    fn ring_drives(&self, offset: u64, len: usize) -> Option<Drives> {
+        let aligned = offset.is_multiple_of(SECTOR) && (len as u64).is_multiple_of(SECTOR);
+        if !aligned || !millrace_io::on_ring() || !self.all_online() {
+            return None;
+        }
+        let d = self.drives.load_full();
+        d.iter().all(|d| d.uring_fd().is_some()).then_some(d)
+    }
+
+    /// Counts a batch's results as `run` does; marks members whose I/O failed as faulty.
+    /// Returns whether every operation moved all its bytes.
+    fn account(&self, drives: &Drives, sent: &[Sent], results: Vec<io::Result<usize>>) -> bool {
+        let mut ok = true;
+        for (s, r) in sent.iter().zip(results) {
+            let ms = &self.member_stats[s.member];
+            match r {
+                Ok(n) if n == s.len => {
+                    let (ops, bytes) = if s.write {
+                        (&ms.write_ops, &ms.write_bytes)
+                    } else {
+                        (&ms.read_ops, &ms.read_bytes)
+                    };
+                    ops.fetch_add(1, Ordering::Relaxed);
+                    bytes.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                // A short transfer: the blocking path redoes the request and names the cause.
+                Ok(_) => ok = false,
+                Err(e) => {
+                    ok = false;
+                    ms.errors.fetch_add(1, Ordering::Relaxed);
+                    self.stats.member_errors.fetch_add(1, Ordering::Relaxed);
+                    if Arc::ptr_eq(&drives[s.member], &self.drives.load()[s.member]) {
+                        self.fail_member(s.member, &e);
+                    }
+                }
+            }
+        }
+        ok
+    }
+
+    fn fd(drives: &Drives, m: usize) -> i32 {
+        drives[m]
+            .uring_fd()
+            .expect("ring_drives checked every member")
+    }
+
+    /// `read_at` over an owned buffer, completion-based where it can be.
+    pub(super) async fn read_owned(&self, offset: u64, mut buf: IoBuf) -> BufResult {
+        let len = buf.len();
+        if let Err(e) = self.check_range(offset, len as u64) {
+            return (Err(e.into()), buf);
+        }
+        if len == 0 {
+            return (Ok(()), buf);
+        }
+        self.stats.read_ops.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .read_bytes
+            .fetch_add(len as u64, Ordering::Relaxed);
+        if let Some(drives) = self.ring_drives(offset, len) {
+            let sb = SharedBuf::new(buf);
+            let done = self.read_on_ring(&drives, offset, &sb).await;
+            buf = sb
+                .try_unwrap()
+                .expect("every member operation has completed");
+            if done {
+                return (Ok(()), buf);
+            }
+        }
+        let r = self.read_inline(offset, &mut buf).await;
+        (r.map_err(Into::into), buf)
+    }
+
+    /// Reads every piece straight into the buffer. Returns whether all went well.
+    async fn read_on_ring(&self, drives: &Drives, offset: u64, sb: &SharedBuf) -> bool {
+        let pieces = self.pieces(offset, sb.len());
+        let mut batch = Batch::with_capacity(pieces.len());
+        let mut sent = Vec::with_capacity(pieces.len());
+        for p in &pieces {
+            let Ok(ReadFrom::Member(m)) = self.layout.read_from(self, p) else {
+                return false;
+            };
+            let at = self.member_offset(p.row, p.s);
+            batch.read(Self::fd(drives, m), at, sb, p.at..p.at + p.len);
+            sent.push(Sent {
+                member: m,
+                len: p.len,
+                write: false,
+            });
+        }
+        let results = batch.run().await;
+        self.account(drives, &sent, results)
+    }
+
+    /// The blocking read path, inline; on a core its rows are locked asynchronously first.
+    async fn read_inline(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        if !millrace_io::on_ring() {
+            return self.read_counted(offset, buf, false);
+        }
+        let (a0, a1) = sector_span(offset, buf.len());
+        let _g = self.locks.lock_async(self.row_shards(a0, a1 - a0)).await;
+        self.read_counted(offset, buf, true)
+    }
+
+    /// `write_at` (and, with `fua`, a flush) over an owned buffer, completion-based where it
+    /// can be.
+    pub(super) async fn write_owned(&self, offset: u64, buf: IoBuf, fua: bool) -> BufResult {
+        let len = buf.len();
+        if let Err(e) = self.check_range(offset, len as u64) {
+            return (Err(e.into()), buf);
+        }
+        if len == 0 {
+            return (Ok(()), buf);
+        }
+        self.stats.write_ops.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .write_bytes
+            .fetch_add(len as u64, Ordering::Relaxed);
+        let (a0, a1) = sector_span(offset, len);
+        let _g = if millrace_io::on_ring() {
+            self.locks.lock_async(self.row_shards(a0, a1 - a0)).await
+        } else {
+            self.lock_rows(a0, a1 - a0)
+        };
+        let fs = self.geo.full_stripe_bytes();
+        let whole_rows = offset.is_multiple_of(fs) && (len as u64).is_multiple_of(fs);
+        let drives = self
+            .ring_drives(offset, len)
+            .filter(|_| !self.geo.level.is_parity() || whole_rows);
+        let Some(drives) = drives else {
+            let mut r = self.write_locked(offset, &buf);
+            if fua && r.is_ok() {
+                r = self.flush();
+            }
+            return (r.map_err(Into::into), buf);
+        };
+        self.mark_intent(a0, a1);
+        let parity = self
+            .geo
+            .level
+            .is_parity()
+            .then(|| SharedBuf::new(self.full_stripe_parity(&buf)));
+        let sb = SharedBuf::new(buf);
+        let r = self
+            .write_on_ring(&drives, offset, &sb, parity.as_ref(), fua)
+            .await;
+        (
+            r,
+            sb.try_unwrap()
+                .expect("every member operation has completed"),
+        )
+    }
+
+    /// `flush` as one batch of fdatasyncs on this core's ring where it can be.
+    pub(super) async fn flush_owned(&self) -> io::Result<()> {
+        let drives = self.drives.load_full();
+        let live: Vec<usize> = (0..self.geo.members)
+            .filter(|&m| self.writable(m))
+            .collect();
+        let on_ring =
+            millrace_io::on_ring() && live.iter().all(|&m| drives[m].uring_fd().is_some());
+        if !on_ring {
+            return self.flush().map_err(Into::into);
+        }
+        let mut batch = Batch::with_capacity(live.len());
+        let mut sent = Vec::with_capacity(live.len());
+        for &m in &live {
+            batch.fsync(Self::fd(&drives, m));
+            sent.push(Sent {
+                member: m,
+                len: 0,
+                write: false,
+            });
+        }
+        let results = batch.run().await;
+        for (s, r) in sent.iter().zip(results) {
+            if let Err(e) = r {
+                self.member_stats[s.member]
+                    .errors
+                    .fetch_add(1, Ordering::Relaxed);
+                self.stats.member_errors.fetch_add(1, Ordering::Relaxed);
+                if Arc::ptr_eq(&drives[s.member], &self.drives.load()[s.member]) {
+                    self.fail_member(s.member, &e);
+                }
+            }
+        }
+        match self.offline_group() {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    fn mark_intent(&self, a0: u64, a1: u64) {
+        if let Some(b) = &self.bitmap {
+            let fs = self.geo.full_stripe_bytes();
+            b.mark(a0 / fs, (a1 - 1) / fs, &self.live_drives());
+        }
+    }
+
+    /// Writes every piece to its members (and full-stripe parity), one batch. A member that
+    /// fails is taken out of service, as on the blocking path; the write stands while the pool
+    /// survives.
+    async fn write_on_ring(
+        &self,
+        drives: &Drives,
+        offset: u64,
+        sb: &SharedBuf,
+        parity: Option<&SharedBuf>,
+        fua: bool,
+    ) -> io::Result<()> {
+        let pieces = self.pieces(offset, sb.len());
+        let mut batch = Batch::with_capacity(pieces.len() * 2);
+        let mut sent = Vec::with_capacity(pieces.len() * 2);
+        for p in &pieces {
+            let loc = self.geo.locate(p.row, p.col);
+            let copies: Vec<usize> = if self.geo.level.is_parity() {
+                vec![loc.member]
+            } else {
+                self.geo.group_members(loc.group).collect()
+            };
+            for m in copies {
+                let at = self.member_offset(p.row, p.s);
+                batch.write(Self::fd(drives, m), at, sb, p.at..p.at + p.len, fua);
+                sent.push(Sent {
+                    member: m,
+                    len: p.len,
+                    write: true,
+                });
+            }
+        }
+        match parity {
+            Some(par) => self.parity_writes(drives, offset, par, &mut batch, &mut sent, fua),
+            None => {
+                self.stats
+                    .full_stripe_writes
+                    .fetch_add(pieces.len() as u64, Ordering::Relaxed);
+            }
+        }
+        if self.journal_pending.load(Ordering::Acquire) {
+            self.retire_journal();
+        }
+        let results = batch.run().await;
+        self.account(drives, &sent, results);
+        match self.offline_group() {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// P (and Q) of every group of every row of a whole-row write, computed from its data.
+    fn full_stripe_parity(&self, data: &[u8]) -> IoBuf {
+        let geo = &self.geo;
+        let (strip, k, np) = (geo.strip as usize, geo.group_data(), geo.level.parity());
+        let fs = geo.full_stripe_bytes() as usize;
+        let rows = data.len() / fs;
+        let mut par = IoBuf::standalone(rows * geo.groups() * np * strip);
+        for r in 0..rows {
+            for g in 0..geo.groups() {
+                let at = r * fs + g * k * strip;
+                let srcs: Vec<&[u8]> = (0..k)
+                    .map(|i| &data[at + i * strip..at + (i + 1) * strip])
+                    .collect();
+                let out = (r * geo.groups() + g) * np * strip;
+                let (p, q) = par[out..out + np * strip].split_at_mut(strip);
+                if np == 2 {
+                    millrace_parity::gen_pq(&srcs, p, q);
+                } else {
+                    millrace_parity::gen_p(&srcs, p);
+                }
+            }
+        }
+        self.stats
+            .full_stripe_writes
+            .fetch_add((rows * geo.groups()) as u64, Ordering::Relaxed);
+        par
+    }
+
+    /// Adds the writes of `par` (from `full_stripe_parity`) to the batch.
+    fn parity_writes(
+        &self,
+        drives: &Drives,
+        offset: u64,
+        par: &SharedBuf,
+        batch: &mut Batch,
+        sent: &mut Vec<Sent>,
+        fua: bool,
+    ) {
+        let geo = &self.geo;
+        let (strip, k, np) = (geo.strip as usize, geo.group_data(), geo.level.parity());
+        let fs = geo.full_stripe_bytes();
+        let rows = par.len() / (geo.groups() * np * strip);
+        for r in 0..rows {
+            let row = offset / fs + r as u64;
+            let at = self.member_offset(row, 0);
+            for g in 0..geo.groups() {
+                let layout = geo.group_layout(row, g);
+                for (j, &m) in layout[k..].iter().enumerate() {
+                    let out = ((r * geo.groups() + g) * np + j) * strip;
+                    batch.write(Self::fd(drives, m), at, par, out..out + strip, fua);
+                    sent.push(Sent {
+                        member: m,
+                        len: strip,
+                        write: true,
+                    });
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! Property tests of the async engine (`BlockDevice::read_async`, `write_async`, `flush_async`)
+//! on drive files through each core's io_uring, against the same simple model the synchronous
+//! engine is checked with: rounds of concurrent reads and writes spread over two cores (aligned
+//! full stripes that take the completion path, partial and unaligned ones that take the inline
+//! path, several touching one stripe at once), flushes, and members failing between rounds.
+//! Afterwards the pool reads back as the model, the drives hold md's layout, and (while no
+//! member failed) every row's redundancy verifies with the independent reference.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use common::{file_rig, pattern};
+use millrace_array::{Array, Level};
+use millrace_block::BlockDevice;
+use millrace_io::{BufPool, Cores, CoresConfig, PoolConfig};
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Write {
+        at: f64,
+        len: usize,
+        seed: u64,
+        whole: bool,
+        fua: bool,
+    },
+    Read {
+        at: f64,
+        len: usize,
+    },
+    Flush,
+}
+
+#[derive(Debug, Clone)]
+struct Round {
+    ops: Vec<Op>,
+    /// Take this member out of service after the round (if the pool survives it).
+    fail: Option<usize>,
+}
+
+fn op(max_len: usize) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        5 => (0.0..1.0f64, 1..max_len, any::<u64>(), any::<bool>(), prop::bool::weighted(0.2))
+            .prop_map(|(at, len, seed, whole, fua)| Op::Write { at, len, seed, whole, fua }),
+        3 => (0.0..1.0f64, 1..max_len).prop_map(|(at, len)| Op::Read { at, len }),
+        1 => Just(Op::Flush),
+    ]
+}
+
+fn round(max_len: usize, n: usize) -> impl Strategy<Value = Round> {
+    (
+        prop::collection::vec(op(max_len), 1..8),
+        prop::option::weighted(0.15, 0..n),
+    )
+        .prop_map(|(ops, fail)| Round { ops, fail })
+}
+
+/// Where an op lands: a byte range, whole rows when `whole`.
+fn range(size: usize, fs: usize, at: f64, len: usize, whole: bool) -> (usize, usize) {
+    if whole {
+        let rows = size / fs;
+        let r = ((at * rows as f64) as usize).min(rows - 1);
+        let n = len.div_ceil(fs).min(rows - r).max(1);
+        (r * fs, n * fs)
+    } else {
+        let off = ((at * size as f64) as usize).min(size - 1);
+        (off, len.min(size - off))
+    }
+}
+
+fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
+    a.0 < b.0 + b.1 && b.0 < a.0 + a.1
+}
+
+/// Runs one round's ops at once, alternating cores; returns each read's bytes.
+fn run_round(
+    cores: &Cores,
+    pool: &BufPool,
+    array: &Arc<Array>,
+    ops: &[(Op, (usize, usize))],
+) -> Vec<Option<Vec<u8>>> {
+    let tasks: Vec<_> = ops
+        .iter()
+        .enumerate()
+        .map(|(i, (op, (off, len)))| {
+            let (a, p, op, off, len) = (array.clone(), pool.clone(), op.clone(), *off as u64, *len);
+            cores.spawn_on(i, move || async move {
+                match op {
+                    Op::Write { seed, fua, .. } => {
+                        let mut b = p.get(len).await.unwrap();
+                        b.copy_from_slice(&pattern(seed, len));
+                        let (r, _) = a.write_async(off, b, fua).await;
+                        r.unwrap();
+                        None
+                    }
+                    Op::Read { .. } => {
+                        let (r, b) = a.read_async(off, p.get(len).await.unwrap()).await;
+                        r.unwrap();
+                        Some(b.to_vec())
+                    }
+                    Op::Flush => {
+                        a.flush_async().await.unwrap();
+                        None
+                    }
+                }
+            })
+        })
+        .collect();
+    tasks.into_iter().map(|t| t.wait().unwrap()).collect()
+}
+
+fn run(
+    level: Level,
+    n: usize,
+    group: Option<usize>,
+    rounds: &[Round],
+) -> Result<(), TestCaseError> {
+    let rig = file_rig(level, n, group, 4096, 16);
+    let pool = BufPool::new(&PoolConfig {
+        bytes: 16 << 20,
+        slices: 2,
+        max_buf: 1 << 20,
+        populate: false,
+    })
+    .unwrap();
+    let cores = Cores::start(CoresConfig {
+        cores: 2,
+        pool: Some(pool.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    let size = rig.array.size_bytes() as usize;
+    let fs = rig.array.geometry().full_stripe_bytes() as usize;
+    let tolerance = rig.array.geometry().tolerance_per_group();
+    let mut model = vec![0u8; size];
+    let mut failed: Vec<usize> = Vec::new();
+    for round in rounds {
+        // Ops of one round run at once: writes never overlap anything else in the round, so the
+        // model's answer does not depend on their order (disjoint writes still share stripes).
+        let mut placed: Vec<(Op, (usize, usize))> = Vec::new();
+        for op in &round.ops {
+            let r = match *op {
+                Op::Write { at, len, whole, .. } => range(size, fs, at, len, whole),
+                Op::Read { at, len } => range(size, fs, at, len, false),
+                Op::Flush => (0, 0),
+            };
+            let is_write = matches!(op, Op::Write { .. });
+            let clash = placed
+                .iter()
+                .any(|(o, q)| (is_write || matches!(o, Op::Write { .. })) && overlaps(r, *q));
+            if !clash {
+                placed.push((op.clone(), r));
+            }
+        }
+        let reads = run_round(&cores, &pool, &rig.array, &placed);
+        for ((op, (off, len)), got) in placed.iter().zip(reads) {
+            match op {
+                Op::Write { seed, .. } => {
+                    model[*off..off + len].copy_from_slice(&pattern(*seed, *len))
+                }
+                Op::Read { .. } => prop_assert!(
+                    got.unwrap() == model[*off..off + len],
+                    "read {}+{} differs from the model",
+                    off,
+                    len
+                ),
+                Op::Flush => {}
+            }
+        }
+        if let Some(m) = round.fail {
+            // Within what the pool survives: at most `tolerance` members, one per group here.
+            let g = rig.array.geometry().group;
+            let same_group = failed.iter().filter(|&&f| f / g == m / g).count();
+            if same_group < tolerance && !failed.contains(&m) {
+                rig.array.fail_member(m, &std::io::Error::other("test"));
+                failed.push(m);
+            }
+        }
+    }
+    let whole = run_round(
+        &cores,
+        &pool,
+        &rig.array,
+        &[(Op::Read { at: 0.0, len: size }, (0, size))],
+    );
+    prop_assert!(
+        whole[0].as_deref() == Some(&model[..]),
+        "whole-pool read differs from the model"
+    );
+    let entries: u64 = (0..2)
+        .map(|i| cores.ring_stats(i).entries.load(Ordering::Relaxed))
+        .sum();
+    drop(cores);
+    prop_assert_eq!(pool.usage().in_use_bytes, 0, "every buffer came back");
+    if failed.is_empty() {
+        prop_assert!(entries > 0, "member I/O went through the cores' rings");
+        prop_assert!(
+            rig.logical_from_drives() == model,
+            "the drives' layout differs from md's left-symmetric layout"
+        );
+        if let Err(e) = rig.check_redundancy() {
+            return Err(TestCaseError::fail(e));
+        }
+    }
+    Ok(())
+}
+
+fn cfg() -> ProptestConfig {
+    ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(24),
+        ..ProptestConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(cfg())]
+
+    #[test]
+    fn raid0(rounds in prop::collection::vec(round(30_000, 3), 1..12)) { run(Level::Raid0, 3, None, &rounds)?; }
+    #[test]
+    fn raid10(rounds in prop::collection::vec(round(30_000, 4), 1..12)) { run(Level::Raid10, 4, None, &rounds)?; }
+    #[test]
+    fn raid5(rounds in prop::collection::vec(round(40_000, 4), 1..12)) { run(Level::Raid5, 4, None, &rounds)?; }
+    #[test]
+    fn raid6(rounds in prop::collection::vec(round(50_000, 6), 1..12)) { run(Level::Raid6, 6, None, &rounds)?; }
+    #[test]
+    fn raid60(rounds in prop::collection::vec(round(60_000, 8), 1..12)) { run(Level::Raid60, 8, Some(4), &rounds)?; }
+}
+
+/// Concurrent partial writes that together fill every stripe: whatever order they land in,
+/// parity ends right (checked with the independent reference, as a scrub would).
+#[test]
+fn concurrent_partial_writes_filling_stripes_keep_parity_right() {
+    for (level, n, g) in [(Level::Raid5, 4, None), (Level::Raid6, 6, None)] {
+        let rig = file_rig(level, n, g, 4096, 16);
+        let pool = BufPool::new(&PoolConfig {
+            bytes: 8 << 20,
+            slices: 2,
+            max_buf: 1 << 20,
+            populate: false,
+        })
+        .unwrap();
+        let cores = Cores::start(CoresConfig {
+            cores: 2,
+            pool: Some(pool.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+        let size = rig.array.size_bytes() as usize;
+        let ops: Vec<(Op, (usize, usize))> = (0..size / 4096)
+            .map(|s| {
+                let op = Op::Write {
+                    at: 0.0,
+                    len: 4096,
+                    seed: s as u64,
+                    whole: false,
+                    fua: false,
+                };
+                (op, (s * 4096, 4096))
+            })
+            .collect();
+        run_round(&cores, &pool, &rig.array, &ops);
+        let mut want = vec![0u8; size];
+        for s in 0..size / 4096 {
+            want[s * 4096..(s + 1) * 4096].copy_from_slice(&pattern(s as u64, 4096));
+        }
+        drop(cores);
+        assert!(rig.logical_from_drives() == want, "{level}: data differs");
+        rig.check_redundancy()
+            .unwrap_or_else(|e| panic!("{level}: {e}"));
+        let rep = rig.array.scrub_row(3, false).unwrap();
+        assert_eq!(rep.mismatches, 0, "{level}: scrub finds a mismatch");
+    }
+}
