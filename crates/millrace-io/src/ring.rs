@@ -337,6 +337,9 @@ pub(crate) struct Ring {
     driver: Option<Waker>,
     kicked: bool,
     stats: Arc<RingStats>,
+    /// Reused by `reap` (completions drained, entries to resubmit): no allocation per round.
+    reaped: Vec<(u64, i32)>,
+    again: Vec<squeue::Entry>,
 }
 
 thread_local! {
@@ -458,13 +461,10 @@ impl Ring {
     /// Records every completion in its batch; wakes a batch when its last entry is done.
     fn reap(&mut self) -> usize {
         let mut n = 0;
-        let mut again: Vec<squeue::Entry> = Vec::new();
-        let done: Vec<(u64, i32)> = self
-            .ring
-            .completion()
-            .map(|c| (c.user_data(), c.result()))
-            .collect();
-        for (key, res) in done {
+        let mut again = std::mem::take(&mut self.again);
+        let mut done = std::mem::take(&mut self.reaped);
+        done.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+        for &(key, res) in &done {
             n += 1;
             let key = key as usize;
             if res == -libc::EAGAIN || res == -libc::EINTR {
@@ -478,9 +478,12 @@ impl Ring {
                 f.state.waker.wake();
             }
         }
-        for e in again {
+        for e in again.drain(..) {
             self.push_entry(e);
         }
+        done.clear();
+        self.reaped = done;
+        self.again = again;
         if n > 0 {
             self.stats.reaps.fetch_add(1, Ordering::Relaxed);
         }
@@ -550,6 +553,8 @@ pub(crate) fn install(
             driver: None,
             kicked: false,
             stats,
+            reaped: Vec::with_capacity(entries as usize * 2),
+            again: Vec::new(),
         })
     });
     Ok(drive(afd))
