@@ -240,7 +240,8 @@ pub(crate) struct Subsystem {
     pub nqn: String,
     pub serial: String,
     pub model: String,
-    pub allowed_hosts: Vec<String>,
+    /// Changed in place by [`Target::set_allowed_hosts`]; read at Connect and discovery only.
+    pub allowed_hosts: RwLock<Vec<String>>,
     pub allow_any_host: bool,
     pub discovery: bool,
     /// Sorted by nsid. Swapped whole on change so the data path never locks.
@@ -263,7 +264,7 @@ impl Subsystem {
             .map(|i| v[i].clone())
     }
     pub fn host_allowed(&self, hostnqn: &str) -> bool {
-        self.allow_any_host || self.allowed_hosts.iter().any(|h| h == hostnqn)
+        self.allow_any_host || self.allowed_hosts.read().iter().any(|h| h == hostnqn)
     }
     fn kill_controllers(&self) {
         let all: Vec<_> = self.controllers.lock().by_id.values().cloned().collect();
@@ -517,7 +518,7 @@ impl Target {
             nqn: DISCOVERY_NQN.into(),
             serial: "millrace-discovery".into(),
             model: "Millrace Discovery".into(),
-            allowed_hosts: Vec::new(),
+            allowed_hosts: RwLock::new(Vec::new()),
             allow_any_host: true,
             discovery: true,
             namespaces: ArcSwap::from_pointee(Vec::new()),
@@ -569,7 +570,7 @@ impl Target {
             nqn: s.nqn.clone(),
             serial: s.serial,
             model: s.model,
-            allowed_hosts: s.allowed_hosts,
+            allowed_hosts: RwLock::new(s.allowed_hosts),
             allow_any_host: s.allow_any_host,
             discovery: false,
             namespaces: ArcSwap::from_pointee(ns),
@@ -598,6 +599,37 @@ impl Target {
         s.kill_controllers();
         self.inner.discovery_changed();
         Ok(())
+    }
+
+    /// Replaces the hosts allowed to connect to a live subsystem (its namespaces and the other
+    /// hosts' connections stay as they are). A host no longer allowed is disconnected at once,
+    /// so taking a host off an export ends its access, not only its next connect.
+    pub fn set_allowed_hosts(&self, nqn: &str, hosts: Vec<String>) -> Result<(), Error> {
+        for h in &hosts {
+            check_nqn(h)?;
+        }
+        let s = self
+            .inner
+            .subsystems
+            .read()
+            .get(nqn)
+            .cloned()
+            .ok_or_else(|| Error::NoSuchSubsystem(nqn.into()))?;
+        *s.allowed_hosts.write() = hosts;
+        let gone: Vec<_> = (s.controllers.lock().by_id.values())
+            .filter(|c| !s.host_allowed(&c.hostnqn))
+            .cloned()
+            .collect();
+        for c in gone {
+            c.dead.cancel();
+        }
+        self.inner.discovery_changed();
+        Ok(())
+    }
+
+    /// The addresses the NVMe/TCP I/O listeners serve on (those `serve` runs on now).
+    pub fn listen_addrs(&self) -> Vec<SocketAddr> {
+        self.inner.ports.lock().iter().map(|p| p.addr).collect()
     }
 
     /// Adds a namespace to a live subsystem; connected hosts get a namespace-changed event.
@@ -718,7 +750,7 @@ impl Target {
                             block_bytes: n.block_bytes(),
                         })
                         .collect(),
-                    allowed_hosts: s.allowed_hosts.clone(),
+                    allowed_hosts: s.allowed_hosts.read().clone(),
                     allow_any_host: s.allow_any_host,
                     hosts,
                 }

@@ -379,6 +379,55 @@ async fn allow_any_host_is_explicit() {
 }
 
 #[tokio::test]
+async fn hosts_change_on_a_live_subsystem() {
+    let s = setup().await;
+    let other = HostOptions {
+        hostnqn: "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000bb".into(),
+        hostid: [0xbb; 16],
+        ..host()
+    };
+    let e = HostController::connect(s.addr, NQN, &other, 1)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e.status(), Some(Status::CONNECT_INVALID_HOST));
+    let first = HostController::connect(s.addr, NQN, &host(), 1)
+        .await
+        .unwrap();
+    // Adding a host lets it in and leaves the connected one alone.
+    s.t.set_allowed_hosts(NQN, vec![HOST.into(), other.hostnqn.clone()])
+        .unwrap();
+    let second = HostController::connect(s.addr, NQN, &other, 1)
+        .await
+        .unwrap();
+    assert_eq!(discover(s.addr, &other).await.unwrap().len(), 1);
+    first.io[0].write(1, 0, vec![7; 4096], 4096).await.unwrap();
+    // Taking the first host off drops its connection at once and refuses it from then on.
+    s.t.set_allowed_hosts(NQN, vec![other.hostnqn.clone()])
+        .unwrap();
+    expect_closed(&first.io[0]).await;
+    expect_closed(&first.admin).await;
+    assert!(discover(s.addr, &host()).await.unwrap().is_empty());
+    let e = HostController::connect(s.addr, NQN, &host(), 1)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e.status(), Some(Status::CONNECT_INVALID_HOST));
+    assert_eq!(
+        second.io[0].read(1, 0, 1, 4096).await.unwrap(),
+        vec![7; 4096]
+    );
+    let info = &s.t.subsystems()[0];
+    assert_eq!(info.allowed_hosts, vec![other.hostnqn.clone()]);
+    assert_eq!(s.t.listen_addrs(), vec![s.addr]);
+    assert!(s
+        .t
+        .set_allowed_hosts("nqn.2024-01.io.millrace:nope", vec![])
+        .is_err());
+    assert!(s.t.set_allowed_hosts(NQN, vec![String::new()]).is_err());
+}
+
+#[tokio::test]
 async fn discovery_only_port() {
     let s = setup().await;
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -171,6 +171,10 @@ pub fn router(state: Arc<State>, token: Option<String>) -> Router {
             "/api/v1/exports/nvme/{pool}/{vol}",
             axum::routing::delete(remove_nvme),
         )
+        .route(
+            "/api/v1/exports/nvme/{pool}/{vol}/hosts/{host}",
+            axum::routing::put(add_nvme_host).delete(remove_nvme_host),
+        )
         .route("/api/v1/exports/nbd", post(add_nbd))
         .route(
             "/api/v1/exports/nbd/{pool}/{vol}",
@@ -277,6 +281,10 @@ async fn status(AxState(s): S) -> R {
             "exports": exports,
             "unavailable_pools": *s.unavailable.read(),
             "rdma": crate::rdma::view(),
+            // Where hosts connect: an orchestrator hands these to the nodes it attaches.
+            "nvme_listeners": s.nvmf.listen_addrs().iter()
+                .map(|a| json!({"transport": "tcp", "address": a.ip().to_string(), "port": a.port()}))
+                .collect::<Vec<_>>(),
         })))
     })
     .await
@@ -451,6 +459,9 @@ struct CreateVolume {
     size_bytes: u64,
     #[serde(default)]
     force: bool,
+    /// Tags of the client's own (an orchestrator's), written with the volume.
+    #[serde(default)]
+    props: std::collections::BTreeMap<String, String>,
 }
 
 async fn create_volume(
@@ -458,7 +469,9 @@ async fn create_volume(
     P(p): P<String>,
     Body(r): Body<CreateVolume>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let v = blocking(move || to_json(s.create_volume(&p, &r.name, r.size_bytes, r.force)?)).await?;
+    let v =
+        blocking(move || to_json(s.create_volume(&p, &r.name, r.size_bytes, r.force, r.props)?))
+            .await?;
     Ok((StatusCode::CREATED, v))
 }
 
@@ -519,6 +532,17 @@ async fn remove_nvme(AxState(s): S, P((p, v)): P<(String, String)>) -> R {
         Ok(Json(json!({ "removed": format!("{p}/{v}") })))
     })
     .await
+}
+
+/// Adds one host to an NVMe/TCP export (200 with the export, also when it was there).
+async fn add_nvme_host(AxState(s): S, P((p, v, h)): P<(String, String, String)>) -> R {
+    blocking(move || to_json(s.add_nvme_host(&p, &v, &h)?)).await
+}
+
+/// Takes one host off an NVMe/TCP export and drops its connections; the export stays (200
+/// with the export, also when the host was not on it).
+async fn remove_nvme_host(AxState(s): S, P((p, v, h)): P<(String, String, String)>) -> R {
+    blocking(move || to_json(s.remove_nvme_host(&p, &v, &h)?)).await
 }
 
 #[derive(Deserialize)]

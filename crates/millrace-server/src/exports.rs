@@ -13,6 +13,10 @@ use crate::state::{PoolEntry, State};
 pub const NVME_PROP: &str = "export.nvme";
 pub const NBD_PROP: &str = "export.nbd";
 
+/// Serialises changes to an export's host list (each reads the volume's props, changes them and
+/// writes them back).
+static HOST_CHANGES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct NvmeExportConfig {
     /// The subsystem NQN hosts connect to.
@@ -264,6 +268,75 @@ impl State {
             let _ = self.nvmf.remove_subsystem(&c.nqn);
         }
         Ok(())
+    }
+
+    /// Lets one more host connect to a volume's NVMe/TCP export, live and recorded; a host
+    /// already there changes nothing (an orchestrator's retry is harmless).
+    pub fn add_nvme_host(
+        &self,
+        pool: &str,
+        vol: &str,
+        host: &str,
+    ) -> Result<NvmeExportConfig, ApiError> {
+        check_nqn("the host NQN", host)?;
+        self.change_nvme_hosts(pool, vol, |hosts| {
+            if !hosts.iter().any(|h| h == host) {
+                hosts.push(host.to_string());
+            }
+        })
+    }
+
+    /// Takes one host off a volume's NVMe/TCP export and disconnects it; the export stays,
+    /// for its other hosts (or for none). A host not on it changes nothing.
+    pub fn remove_nvme_host(
+        &self,
+        pool: &str,
+        vol: &str,
+        host: &str,
+    ) -> Result<NvmeExportConfig, ApiError> {
+        self.change_nvme_hosts(pool, vol, |hosts| hosts.retain(|h| h != host))
+    }
+
+    fn change_nvme_hosts(
+        &self,
+        pool: &str,
+        vol: &str,
+        change: impl FnOnce(&mut Vec<String>),
+    ) -> Result<NvmeExportConfig, ApiError> {
+        // Read, change and record as one step: two hosts added at once must both stay.
+        let _one_at_a_time = HOST_CHANGES.lock().unwrap_or_else(|e| e.into_inner());
+        let (e, v) = self.volume(pool, vol)?;
+        let old: NvmeExportConfig = v
+            .props
+            .get(NVME_PROP)
+            .and_then(|c| serde_json::from_str(c).ok())
+            .ok_or_else(|| {
+                ApiError::not_found(format!(
+                    "volume {pool}/{vol} is not exported over NVMe/TCP; export it first (`millrace export nvme add {pool}/{vol} --host NQN`)"
+                ))
+            })?;
+        let mut c = old.clone();
+        change(&mut c.hosts);
+        if c == old {
+            return Ok(c);
+        }
+        let live = self.serving && self.nvmf.subsystems().iter().any(|s| s.nqn == c.nqn);
+        if live {
+            self.nvmf
+                .set_allowed_hosts(&c.nqn, c.hosts.clone())
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        }
+        // Recorded, or the live change is undone: what serves is what the volume says.
+        if let Err(err) =
+            e.volumes
+                .set_prop(vol, NVME_PROP, Some(&serde_json::to_string(&c).unwrap()))
+        {
+            if live {
+                let _ = self.nvmf.set_allowed_hosts(&c.nqn, old.hosts);
+            }
+            return Err(ApiError::internal(err.to_string()));
+        }
+        Ok(c)
     }
 
     pub fn add_nbd_export(

@@ -8,6 +8,7 @@
 //! deleted. The kernel pieces (nbd, xfs, nfsd) are driven with their own tools rather than
 //! syscalls: they are what an administrator knows and can inspect.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -593,7 +594,7 @@ impl State {
         mountpoint: PathBuf,
         undo: &mut Undo,
     ) -> Result<ShareView, ApiError> {
-        let v = self.create_volume(pool, vol, size, false)?;
+        let v = self.create_volume(pool, vol, size, false, BTreeMap::new())?;
         {
             let e = e.clone();
             let vol = vol.to_string();

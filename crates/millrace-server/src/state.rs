@@ -48,6 +48,12 @@ pub struct PoolView {
     #[serde(flatten)]
     pub info: PoolInfo,
     pub volumes: Vec<VolumeInfo>,
+    /// Bytes no volume holds, and the largest volume that could be created now (free space
+    /// may lie in several ranges); what an orchestrator places volumes by.
+    #[serde(default)]
+    pub free_bytes: u64,
+    #[serde(default)]
+    pub largest_free_bytes: u64,
     pub stats: PoolStats,
     /// I/O of each member slot, in member order.
     #[serde(default)]
@@ -82,6 +88,36 @@ pub struct CreatePool {
     pub create_size_bytes: Option<u64>,
     #[serde(default)]
     pub force: bool,
+}
+
+/// Props a client may give a volume at creation (an orchestrator's tags, such as the CSI
+/// driver's `csi.name`): a few short ones, never the keys of the server's own layers (an
+/// `export.*` or `share*` prop would make the server believe in an export that does not exist).
+fn check_client_props(props: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    const MOST: usize = 16;
+    if props.len() > MOST {
+        return Err(bad(format!(
+            "a volume takes at most {MOST} props at creation; {} were given",
+            props.len()
+        )));
+    }
+    for (k, v) in props {
+        let ok_key = !k.is_empty()
+            && k.len() <= 64
+            && k.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-/".contains(&b));
+        if !ok_key || v.len() > 512 {
+            return Err(bad(format!(
+                "the prop '{k}' is not one a volume can carry: keys are 1 to 64 letters, digits, '.', '_', '-' or '/', values at most 512 bytes"
+            )));
+        }
+        if k.starts_with("export.") || k.starts_with("share") {
+            return Err(bad(format!(
+                "the prop '{k}' belongs to the server's exports and shares; they set it through their own calls"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The most one raw read or write of a pool may move in one call: the CLI sends larger
@@ -203,6 +239,8 @@ impl State {
         PoolView {
             info: e.pool.info(),
             volumes: e.volumes.list(),
+            free_bytes: e.volumes.free_bytes(),
+            largest_free_bytes: e.volumes.largest_free_bytes(),
             stats: PoolStats {
                 read_bytes: s.read_bytes.load(Relaxed),
                 write_bytes: s.write_bytes.load(Relaxed),
@@ -507,14 +545,18 @@ impl State {
         name: &str,
         size: u64,
         force: bool,
+        props: BTreeMap<String, String>,
     ) -> Result<VolumeInfo, ApiError> {
         let e = self.entry(pool)?;
+        check_client_props(&props)?;
         if force && e.volumes.holds_foreign_data() {
             e.volumes
                 .claim()
                 .map_err(|e| ApiError::internal(e.to_string()))?;
         }
-        e.volumes.create(name, size).map_err(vol_err)
+        e.volumes
+            .create_with_props(name, size, props)
+            .map_err(vol_err)
     }
 
     pub fn delete_volume(&self, pool: &str, name: &str) -> Result<(), ApiError> {

@@ -23,11 +23,20 @@ fn start_in(
     token: Option<&str>,
     tls: Option<millrace_server::TlsFiles>,
 ) -> Server {
+    start_with(dir, token, tls, None)
+}
+
+fn start_with(
+    dir: tempfile::TempDir,
+    token: Option<&str>,
+    tls: Option<millrace_server::TlsFiles>,
+    nvme: Option<std::net::SocketAddr>,
+) -> Server {
     let home = dir.path().join("home");
     let cfg = millrace_server::ServeConfig {
         home: home.clone(),
         api: "127.0.0.1:0".parse().unwrap(),
-        nvme: None,
+        nvme,
         discovery_port: None,
         nbd_listen: None,
         token: token.map(str::to_string),
@@ -91,6 +100,12 @@ impl Server {
         json_of(
             self.auth(self.agent.post(format!("{}{p}", self.url)))
                 .send_json(&body),
+        )
+    }
+    fn put(&self, p: &str) -> (u16, Value) {
+        json_of(
+            self.auth(self.agent.put(format!("{}{p}", self.url)))
+                .send(&b""[..]),
         )
     }
     fn patch(&self, p: &str, body: Value) -> (u16, Value) {
@@ -366,6 +381,90 @@ fn untouched(paths: &[PathBuf], pattern: u8) {
     }
 }
 
+/// What an orchestrator (the CSI driver) builds on: free space per pool, volumes tagged at
+/// creation, one host added to and taken off a live export, the NVMe/TCP listeners' addresses.
+#[test]
+fn hosts_of_an_export_change_one_at_a_time_and_listeners_are_reported() {
+    let nvme = "127.0.0.1:0".parse().unwrap();
+    let s = start_with(tempfile::tempdir().unwrap(), None, None, Some(nvme));
+    let (_, st) = s.get("/api/v1/status");
+    let l = &st["nvme_listeners"][0];
+    assert_eq!(l["transport"], "tcp", "{st}");
+    assert_eq!(l["address"], "127.0.0.1", "{st}");
+    let port = l["port"].as_u64().unwrap();
+    assert!(port > 0, "{st}");
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port as u16)).is_ok());
+
+    let pool = s.create_pool("tank");
+    let free = pool["free_bytes"].as_u64().unwrap();
+    assert!(free > 0 && pool["largest_free_bytes"] == free, "{pool}");
+    let (st, v) = s.post(
+        "/api/v1/pools/tank/volumes",
+        json!({"name": "v", "size_bytes": 4u64 << 20, "props": {"csi.name": "pvc-1"}}),
+    );
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(v["props"]["csi.name"], "pvc-1");
+    let size = v["size_bytes"].as_u64().unwrap();
+    let (_, p) = s.get("/api/v1/pools/tank");
+    assert_eq!(p["free_bytes"].as_u64().unwrap(), free - size, "{p}");
+    assert_eq!(
+        p["largest_free_bytes"].as_u64().unwrap(),
+        free - size,
+        "{p}"
+    );
+    // A client cannot fake an export through props.
+    let msg = refused(
+        s.post(
+            "/api/v1/pools/tank/volumes",
+            json!({"name": "w", "size_bytes": 1u64 << 20, "props": {"export.nvme": "{}"}}),
+        ),
+        400,
+    );
+    assert!(msg.contains("export.nvme"), "{msg}");
+    refused(s.get("/api/v1/pools/tank/volumes/w"), 404);
+
+    let a = "nqn.2014-08.org.nvmexpress:uuid:0000000a-0000-0000-0000-000000000000";
+    let b = "nqn.2014-08.org.nvmexpress:uuid:0000000b-0000-0000-0000-000000000000";
+    let hosts = |p: &str| format!("/api/v1/exports/nvme/tank/v/hosts/{p}");
+    // Before the export exists: 404 that says how to export.
+    let msg = refused(s.put(&hosts(a)), 404);
+    assert!(msg.contains("export nvme add"), "{msg}");
+    let (st, e) = s.post(
+        "/api/v1/exports/nvme",
+        json!({"pool": "tank", "volume": "v", "hosts": [a]}),
+    );
+    assert_eq!(st, 201, "{e}");
+    let nqn = e["nqn"].as_str().unwrap().to_string();
+    for _ in 0..2 {
+        let (st, e) = s.put(&hosts(b));
+        assert_eq!(st, 200, "{e}");
+        assert_eq!(e["hosts"], json!([a, b]), "adding twice keeps one: {e}");
+    }
+    refused(s.put(&hosts("not-an-nqn")), 400);
+    refused(
+        s.put("/api/v1/exports/nvme/tank/nope/hosts/nqn.2014-08.x"),
+        404,
+    );
+    // The live target took the change, not only the record.
+    let (_, ex) = s.get("/api/v1/exports");
+    assert_eq!(ex["nvme"][0]["hosts"], json!([a, b]), "{ex}");
+    assert_eq!(ex["nvme"][0]["nqn"], nqn.as_str());
+    for _ in 0..2 {
+        let (st, e) = s.delete(&hosts(a));
+        assert_eq!(st, 200, "{e}");
+        assert_eq!(e["hosts"], json!([b]), "{e}");
+    }
+    let (st, e) = s.delete(&hosts(b));
+    assert_eq!(st, 200, "{e}");
+    assert_eq!(e["hosts"], json!([]), "{e}");
+    // The export stays, closed to everyone, until it is removed; then the volume can go.
+    let (_, ex) = s.get("/api/v1/exports");
+    assert_eq!(ex["nvme"][0]["hosts"], json!([]), "{ex}");
+    refused(s.delete("/api/v1/pools/tank/volumes/v"), 409);
+    assert_eq!(s.delete("/api/v1/exports/nvme/tank/v").0, 200);
+    assert_eq!(s.delete("/api/v1/pools/tank/volumes/v").0, 200);
+}
+
 #[test]
 fn bad_requests_are_400_sentences_and_change_nothing() {
     let s = start(None);
@@ -521,7 +620,8 @@ fn every_documented_call_is_routed() {
         let concrete = path
             .replace("{pool}", "nopool")
             .replace("{vol}", "novol")
-            .replace("{id}", "424242");
+            .replace("{id}", "424242")
+            .replace("{host}", "nqn.2014-08.org.nvmexpress:nohost");
         for (method, op) in ops.as_object().unwrap() {
             assert!(op["responses"].is_object(), "{method} {path}: no responses");
             let url = format!("{}{concrete}", s.url);

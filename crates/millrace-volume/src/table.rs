@@ -199,6 +199,11 @@ impl Volumes {
         self.capacity().saturating_sub(used)
     }
 
+    /// The largest volume that could be created now (free space may lie in several ranges).
+    pub fn largest_free_bytes(&self) -> u64 {
+        self.largest_gap(&self.inner.lock().table)
+    }
+
     /// True when the start of the pool holds bytes written directly (not a volume table):
     /// creating a volume would overwrite them, so [`Volumes::create`] refuses until
     /// [`Volumes::claim`].
@@ -232,6 +237,18 @@ impl Volumes {
     /// Creates a volume of at least `size` bytes (rounded up to the full stripe) in the first
     /// gap that holds it.
     pub fn create(&self, name: &str, size: u64) -> Result<VolumeInfo> {
+        self.create_with_props(name, size, BTreeMap::new())
+    }
+
+    /// Creates a volume that carries `props` from the start, in the same table write (an
+    /// orchestrator's tag on it is never missing after a crash, as it could be with a second
+    /// write).
+    pub fn create_with_props(
+        &self,
+        name: &str,
+        size: u64,
+        props: BTreeMap<String, String>,
+    ) -> Result<VolumeInfo> {
         check_name(name)?;
         if size == 0 {
             return refuse("a volume needs a size above zero (for example --size 10G)");
@@ -261,7 +278,7 @@ impl Volumes {
             offset_bytes: offset,
             size_bytes: size,
             created_unix: now(),
-            props: BTreeMap::new(),
+            props,
         };
         g.table.volumes.push(info.clone());
         if let Err(e) = self.commit(&mut g) {

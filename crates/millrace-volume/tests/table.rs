@@ -124,6 +124,8 @@ proptest! {
             let mut spans: Vec<(u64, u64)> = list.iter().map(|v| (v.offset_bytes, v.offset_bytes + v.size_bytes)).collect();
             spans.sort();
             for w in spans.windows(2) { prop_assert!(w[0].1 <= w[1].0, "volumes overlap: {:?}", spans); }
+            prop_assert_eq!(vols.largest_free_bytes(), largest_gap(&vols));
+            prop_assert_eq!(vols.free_bytes(), vols.capacity() - list.iter().map(|v| v.size_bytes).sum::<u64>());
             for v in &list {
                 prop_assert_eq!(v.offset_bytes % STRIPE, 0);
                 prop_assert!(v.offset_bytes >= TABLE_AREA_BYTES);
@@ -182,6 +184,14 @@ fn props_persist_and_raw_data_is_not_overwritten() {
     let v = Volumes::open(dev.clone()).unwrap();
     assert_eq!(v.get("a").unwrap().props["export.nvme"], "{\"hosts\":[]}");
     v.set_prop("a", "export.nvme", None).unwrap();
+    // Props given at creation are in the same table write as the volume.
+    let tag = BTreeMap::from([("csi.name".to_string(), "pvc-1".to_string())]);
+    v.create_with_props("b", 1 << 20, tag.clone()).unwrap();
+    assert_eq!(
+        Volumes::open(dev.clone()).unwrap().get("b").unwrap().props,
+        tag
+    );
+    v.delete("b").unwrap();
     assert!(Volumes::open(dev)
         .unwrap()
         .get("a")
