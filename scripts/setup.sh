@@ -19,6 +19,7 @@ APT_PKGS=(
   cmake libclang-dev   # build: rdma-mummy-sys compiles its dlopen shim (cmake) and binds it (bindgen)
   rdma-core ibverbs-providers libibverbs1 librdmacm1   # RDMA at run time (loaded only when used)
   ibverbs-utils rdmacm-utils perftest   # ibv_devices, rping, ib_*_bw: the soft-RoCE checks and peers
+  e2fsprogs util-linux   # the CSI driver's tests (csi/): mkfs.ext4, dumpe2fs and blkid
 )
 missing=()
 for p in "${APT_PKGS[@]}"; do
@@ -36,3 +37,13 @@ if ! command -v cargo >/dev/null; then
   exit 1
 fi
 rustup component add clippy rustfmt >/dev/null 2>&1 || true
+
+# The CSI driver's Go modules (csi-sanity is pinned as a tool in csi/go.mod) and the schema
+# checker for its manifests.
+if ! command -v go >/dev/null; then
+  echo "setup: Go is missing: install Go 1.25 or newer (https://go.dev/doc/install), then run this again" >&2
+  exit 1
+fi
+(cd csi && go mod download)
+command -v kubernetes-validate >/dev/null ||
+  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore kubernetes-validate

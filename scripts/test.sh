@@ -23,12 +23,15 @@ step "cargo test" cargo test --workspace -q
 step "api: openapi conformance (schemathesis)" bash tests/api/schemathesis.sh
 step "dashboard: headless chromium" bash tests/dashboard/run.sh
 step "fuzz: nvme/tcp pdu and session (short run)" bash scripts/fuzz.sh
+step "csi: gofmt, go vet, go test, manifests" bash tests/csi/check.sh
+step "csi: csi-sanity, identity and controller, two servers" bash tests/csi/sanity.sh
 if [[ -f python/pyproject.toml ]]; then
   step "python client" bash python/tests/run.sh
 fi
 # The guest runs the binaries built here; each script gets their folder as its first argument.
 step "build binaries for the guest" cargo build --workspace --bins --examples -q
 bins=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug
+step "build the CSI driver and csi-sanity for the guest" bash tests/csi/build-for-guest.sh "$bins"
 for g in tests/guest/*.sh; do
   [[ -e $g ]] || continue
   step "guest: $(basename "$g" .sh)" tests/guest/run-in-guest --timeout 1200 "$g" "$bins"

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Runs inside the guest (tests/guest/run-in-guest): the CSI driver's node service for real.
+# `millrace serve` with a RAID5 pool of drive files, the driver and csi-sanity all in the guest,
+# so NodeStage connects over NVMe/TCP with the kernel initiator (nvme-cli), finds the namespace
+# by its UUID, makes xfs on the blank volume and mounts it. First the driver's guest test: a
+# file written through one publish reads back after unstage (disconnect) and restage, the
+# volume and its filesystem grow, and a volume made where a deleted one lay reads as zeros.
+# Then csi-sanity's Node suite. Ends with no volume and no NVMe connection left.
+#   usage (on the host): cargo build -p millrace-cli && bash tests/csi/build-for-guest.sh target/debug
+#          tests/guest/run-in-guest --timeout 1200 tests/guest/csi-node.sh $PWD/target/debug
+set -euo pipefail
+DIR=$(realpath "${1:-$PWD/target/debug}")
+for b in millrace millrace-csi csi-sanity csi-guest.test; do
+  [[ -x $DIR/$b ]] || { echo "csi-node: $DIR/$b is missing; build it first (see this script's usage)"; exit 1; }
+done
+NODE=nqn.2014-08.org.nvmexpress:uuid:6d696c6c-7261-6365-6373-690000000002
+work=$(mktemp -d /tmp/csinode.XXXXXX)   # /tmp is tmpfs in the guest
+export MILLRACE_HOME=$work/home MILLRACE_LOG=${MILLRACE_LOG:-info}
+t0=$(date +%s)
+step() { echo "csi-node: [$(( $(date +%s) - t0 ))s] $*"; }
+fail() {
+  echo "csi-node: FAILED: $*"
+  echo "--- server log (tail) ---"; tail -30 "$work/server.log" 2>/dev/null || true
+  echo "--- driver log (tail) ---"; tail -30 "$work/csi.log" 2>/dev/null || true
+  echo "--- kernel log (tail) ---"; dmesg | grep -iE 'nvme|xfs' | tail -20 || true
+  exit 1
+}
+cleanup() {
+  [[ -n ${cpid:-} ]] && kill "$cpid" 2>/dev/null || true
+  grep " $work/" /proc/mounts | cut -d' ' -f2 | sort -r | while read -r m; do umount "$m" || true; done
+  nvme disconnect-all >/dev/null 2>&1 || true
+  [[ -n ${spid:-} ]] && kill "$spid" 2>/dev/null || true
+}
+trap cleanup EXIT
+modprobe -a nvme-tcp xfs || fail "cannot load nvme-tcp / xfs"
+
+mkdir -p "$work/drives"
+"$DIR/millrace" pool create tank --level raid5 --strip 64k --create 3G "$work"/drives/d{0..2}.img \
+  > "$work/pool.out" 2>&1 || { cat "$work/pool.out"; fail "millrace pool create"; }
+"$DIR/millrace" serve --api 127.0.0.1:0 --nvme 127.0.0.1:0 --discovery-port 0 >> "$work/server.log" 2>&1 &
+spid=$!
+for _ in $(seq 300); do
+  [[ -s $MILLRACE_HOME/server.json ]] && break
+  kill -0 "$spid" 2>/dev/null || fail "millrace serve exited"
+  sleep 0.2
+done
+url=$(sed -n 's/.*"url": *"\([^"]*\)".*/\1/p' "$MILLRACE_HOME/server.json")
+[[ -n $url ]] || fail "millrace serve did not start"
+step "millrace serve at $url, pool tank (raid5, 3 drives)"
+
+MILLRACE_GUEST_SERVER=$url MILLRACE_GUEST_NODE=$NODE MILLRACE_GUEST_DIR=$work \
+  "$DIR/csi-guest.test" -test.run TestGuest -test.v -test.count=1 > "$work/guest-test.out" 2>&1 \
+  || { cat "$work/guest-test.out"; fail "the driver's guest test"; }
+grep -q -- "--- PASS: TestGuest" "$work/guest-test.out" || { cat "$work/guest-test.out"; fail "the guest test did not run"; }
+step "restage keeps the data, the volume grows, a volume made where a deleted one lay is blank"
+
+sock=$work/csi.sock
+"$DIR/millrace-csi" --endpoint "unix://$sock" --mode all --node-id "$NODE" --server "$url" > "$work/csi.log" 2>&1 &
+cpid=$!
+for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.2; done
+[[ -S $sock ]] || fail "the driver did not start"
+"$DIR/csi-sanity" --csi.endpoint "unix://$sock" --csi.stagingdir "$work/staging" --csi.mountdir "$work/mnt" \
+  --csi.testvolumesize $((512 << 20)) --csi.testvolumeexpandsize $((640 << 20)) \
+  --ginkgo.focus 'Node Service' --ginkgo.timeout 20m > "$work/sanity.out" 2>&1 \
+  || { tail -60 "$work/sanity.out"; fail "csi-sanity's Node suite"; }
+grep -E "^(Ran|SUCCESS)" "$work/sanity.out" || true
+step "csi-sanity Node suite passed"
+
+left=$("$DIR/millrace" volume list --json | grep -c '"name"' || true)
+[[ $left == 0 ]] || { "$DIR/millrace" volume list; fail "$left volumes are left after the tests"; }
+conns=$(cat /sys/class/nvme/*/subsysnqn 2>/dev/null | grep -c "dev.millrace:csi:" || true)
+[[ $conns == 0 ]] || fail "$conns NVMe connections are left after the tests"
+step "no volume and no connection left"
