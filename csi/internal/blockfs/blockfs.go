@@ -94,8 +94,17 @@ func Mkfs(ctx context.Context, dev, fsType, uuid string, g Geometry) error {
 	switch fsType {
 	case "xfs":
 		cmd, args = "mkfs.xfs", []string{"-q", "-K", "-m", "uuid=" + uuid}
+		var data []string
 		if g.StripBytes > 0 && g.FullStripeBytes >= g.StripBytes && g.FullStripeBytes%g.StripBytes == 0 {
-			args = append(args, "-d", fmt.Sprintf("su=%d,sw=%d", g.StripBytes, g.FullStripeBytes/g.StripBytes))
+			data = append(data, fmt.Sprintf("su=%d,sw=%d", g.StripBytes, g.FullStripeBytes/g.StripBytes))
+		}
+		if size, err := sizeOf(dev); err == nil && size < 1<<30 {
+			// mkfs.xfs (since 5.19) wants a 64 MiB log inside one allocation group; under 1 GiB
+			// its stripe-aligned default of 8 groups leaves them too small (as shares do).
+			data = append(data, "agcount=4")
+		}
+		if len(data) > 0 {
+			args = append(args, "-d", strings.Join(data, ","))
 		}
 	case "ext4":
 		cmd, args = "mkfs.ext4", []string{"-q", "-F", "-U", uuid}
@@ -112,6 +121,15 @@ func Mkfs(ctx context.Context, dev, fsType, uuid string, g Geometry) error {
 		return fmt.Errorf("%s %s: %v: %s", cmd, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+func sizeOf(dev string) (int64, error) {
+	f, err := os.Open(dev)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	return f.Seek(0, io.SeekEnd)
 }
 
 // Grow grows the filesystem mounted at mountpoint from dev to fill the device.

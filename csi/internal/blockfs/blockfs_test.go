@@ -12,9 +12,9 @@ import (
 // The stock tools on a sparse file standing in for a device: blank until a filesystem is made,
 // and then that filesystem carries the volume's UUID, which is how a later stage knows it.
 func TestBlankFilesGetAFilesystemWithTheVolumesUUID(t *testing.T) {
-	for _, tool := range []string{"blkid", "mkfs.ext4"} {
+	for _, tool := range []string{"blkid", "mkfs.ext4", "dumpe2fs", "mkfs.xfs", "xfs_db"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s is missing (scripts/setup.sh installs e2fsprogs and util-linux)", tool)
+			t.Fatalf("%s is missing (scripts/setup.sh installs e2fsprogs, util-linux and xfsprogs)", tool)
 		}
 	}
 	ctx := context.Background()
@@ -45,6 +45,25 @@ func TestBlankFilesGetAFilesystemWithTheVolumesUUID(t *testing.T) {
 	out, err := exec.Command("dumpe2fs", "-h", dev).CombinedOutput()
 	if err != nil || !contains(string(out), "RAID stripe width:        32") {
 		t.Errorf("ext4 is not aligned to the stripe:\n%s", out)
+	}
+	// xfs on a small volume (under 1 GiB, where its default groups are too small for its log),
+	// aligned to the stripe.
+	small := filepath.Join(t.TempDir(), "small.img")
+	if err := os.WriteFile(small, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(small, 512<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := Mkfs(ctx, small, "xfs", uuid, Geometry{StripBytes: 64 << 10, FullStripeBytes: 128 << 10}); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := Probe(ctx, small); err != nil || f.Type != "xfs" || !SameUUID(f.UUID, uuid) {
+		t.Fatalf("after mkfs.xfs: %+v %v", f, err)
+	}
+	out, err = exec.Command("xfs_db", "-r", "-c", "sb 0", "-c", "p unit width", small).CombinedOutput()
+	if err != nil || !contains(string(out), "unit = 16") || !contains(string(out), "width = 32") {
+		t.Errorf("xfs is not aligned to the stripe: %v\n%s", err, out)
 	}
 	// Data with no signature is not blank either.
 	raw := filepath.Join(t.TempDir(), "raw.img")
