@@ -84,12 +84,15 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	}
 	defer unlock()
 	n := d.node
-	dev := path
+	dev := nvme.DeviceOf(path)
 	if fi.Mode()&os.ModeDevice == 0 {
 		dev, _, err = mountutils.GetDeviceNameFromMount(n.mounter, path)
 		if err != nil || dev == "" {
 			return nil, status.Errorf(codes.FailedPrecondition, "nothing is mounted at %s", path)
 		}
+	}
+	if dev == "" {
+		return nil, status.Errorf(codes.FailedPrecondition, "%s is not an attached NVMe namespace", path)
 	}
 	nqn := nvme.SubsystemOf(dev)
 	if nqn == "" {

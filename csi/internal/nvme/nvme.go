@@ -13,6 +13,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Target is where a namespace is served: a subsystem at an address.
@@ -143,6 +145,20 @@ func WaitNamespace(ctx context.Context, uuid string, timeout time.Duration) (str
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// DeviceOf is the /dev/nvmeXnY that path is (a device node anywhere, such as the bind-mounted
+// file of a raw block volume), found through its device numbers; "" when it is none.
+func DeviceOf(path string) string {
+	var st unix.Stat_t
+	if unix.Stat(path, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		return ""
+	}
+	link, err := os.Readlink(fmt.Sprintf("/sys/dev/block/%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev)))
+	if err != nil {
+		return ""
+	}
+	return "/dev/" + filepath.Base(link)
 }
 
 // SubsystemOf is the subsystem NQN of block device dev (/dev/nvme0n1), or "".
