@@ -28,7 +28,7 @@ fail() {
 }
 cleanup() {
   [[ -n ${cpid:-} ]] && kill "$cpid" 2>/dev/null || true
-  grep " $work/" /proc/mounts | cut -d' ' -f2 | sort -r | while read -r m; do umount "$m" || true; done
+  { grep " $work/" /proc/mounts || true; } | cut -d' ' -f2 | sort -r | while read -r m; do umount "$m" || true; done
   nvme disconnect-all >/dev/null 2>&1 || true
   [[ -n ${spid:-} ]] && kill "$spid" 2>/dev/null || true
 }
