@@ -265,6 +265,13 @@ fn concurrent_partial_writes_filling_stripes_keep_parity_right() {
             })
             .collect();
         run_round(&cores, &pool, &rig.array, &ops);
+        let entries: u64 = (0..2)
+            .map(|i| cores.ring_stats(i).entries.load(Ordering::Relaxed))
+            .sum();
+        assert!(
+            entries >= 3 * ops.len() as u64,
+            "{level}: partial writes went through the rings ({entries} entries)"
+        );
         let mut want = vec![0u8; size];
         for s in 0..size / 4096 {
             want[s * 4096..(s + 1) * 4096].copy_from_slice(&pattern(s as u64, 4096));

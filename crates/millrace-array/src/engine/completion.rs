@@ -25,13 +25,13 @@ use super::{Array, Result};
 use crate::drive::Drive;
 use crate::geometry::SECTOR;
 
-type Drives = Arc<Vec<Arc<dyn Drive>>>;
+pub(super) type Drives = Arc<Vec<Arc<dyn Drive>>>;
 
 /// Which member and how many bytes each operation of a batch moves, to account its result.
-struct Sent {
-    member: usize,
-    len: usize,
-    write: bool,
+pub(super) struct Sent {
+    pub member: usize,
+    pub len: usize,
+    pub write: bool,
 }
 
 impl Array {
@@ -47,7 +47,12 @@ impl Array {
 
     /// Counts a batch's results as `run` does; marks members whose I/O failed as faulty.
     /// Returns whether every operation moved all its bytes.
-    fn account(&self, drives: &Drives, sent: &[Sent], results: Vec<io::Result<usize>>) -> bool {
+    pub(super) fn account(
+        &self,
+        drives: &Drives,
+        sent: &[Sent],
+        results: Vec<io::Result<usize>>,
+    ) -> bool {
         let mut ok = true;
         for (s, r) in sent.iter().zip(results) {
             let ms = &self.member_stats[s.member];
@@ -74,6 +79,10 @@ impl Array {
             }
         }
         ok
+    }
+
+    pub(super) fn ring_fd(&self, drives: &Drives, m: usize) -> i32 {
+        Self::fd(drives, m)
     }
 
     fn fd(drives: &Drives, m: usize) -> i32 {
@@ -162,9 +171,23 @@ impl Array {
         };
         let fs = self.geo.full_stripe_bytes();
         let whole_rows = offset.is_multiple_of(fs) && (len as u64).is_multiple_of(fs);
-        let drives = self
-            .ring_drives(offset, len)
-            .filter(|_| !self.geo.level.is_parity() || whole_rows);
+        let drives = self.ring_drives(offset, len);
+        let mut buf = buf;
+        if let Some(d) = drives
+            .as_ref()
+            .filter(|_| self.geo.level.is_parity() && !whole_rows)
+        {
+            self.mark_intent(a0, a1);
+            let (r, back) = super::parity_write::write_on_ring(self, d, offset, buf, fua).await;
+            buf = back;
+            match r {
+                Ok(true) => return (Ok(()), buf),
+                Err(e) => return (Err(e.into()), buf),
+                // A member failed: the blocking engine plans around it below.
+                Ok(false) => {}
+            }
+        }
+        let drives = drives.filter(|_| !self.geo.level.is_parity() || whole_rows);
         let Some(drives) = drives else {
             let mut r = self.write_locked(offset, &buf);
             if fua && r.is_ok() {

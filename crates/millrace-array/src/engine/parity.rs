@@ -12,7 +12,11 @@ use crate::io::Op;
 pub(super) struct Parity;
 
 /// Computes P (and Q) of `srcs` into `par`.
-pub(super) fn gen_parity(srcs: &[&[u8]], par: &mut [Option<AlignedBuf>], np: usize) {
+pub(super) fn gen_parity<B: std::ops::DerefMut<Target = [u8]>>(
+    srcs: &[&[u8]],
+    par: &mut [Option<B>],
+    np: usize,
+) {
     let (p, q) = par.split_at_mut(1);
     let p = p[0].as_mut().unwrap();
     if np == 2 {

@@ -8,7 +8,9 @@ use std::sync::atomic::Ordering;
 
 use super::parity::{gen_parity, recover};
 use super::{Array, ArrayError, Piece, Result};
-use crate::aligned::AlignedBuf;
+use millrace_io::{Batch, IoBuf, SharedBuf};
+
+use super::completion::{Drives, Sent};
 use crate::io::Op;
 
 /// One data strip's part of a write.
@@ -46,9 +48,9 @@ struct Unit {
     hi: u64,
     plan: Plan,
     /// Span [lo, hi) buffers per layout position, as the plan needs them.
-    span: Vec<Option<AlignedBuf>>,
+    span: Vec<Option<IoBuf>>,
     /// Old contents of each write (read-modify-write).
-    old: Vec<AlignedBuf>,
+    old: Vec<Option<IoBuf>>,
     /// Layout positions this attempt could not read (fixed at planning time).
     missing: Vec<usize>,
 }
@@ -73,14 +75,7 @@ pub(super) fn write(a: &Array, pieces: &[Piece], data: &[u8]) -> Result<bool> {
     if !read_phase(a, &mut units) {
         return Ok(false);
     }
-    let np = a.geo.level.parity();
-    for u in units.iter_mut() {
-        match u.plan {
-            Plan::Full => compute_full(u, data, np),
-            Plan::Rmw => compute_rmw(u, data, np),
-            Plan::Rcw | Plan::Rebuild => compute_rcw(u, data, np),
-        }
-    }
+    compute(a, &mut units, data);
     write_phase(a, &units, data)?;
     match a.offline_group() {
         Some(e) => Err(e),
@@ -172,10 +167,14 @@ fn plan(a: &Array, u: &mut Unit) -> Result<()> {
         .collect();
     u.span = needs
         .into_iter()
-        .map(|need| need.then(|| AlignedBuf::zeroed(span)))
+        .map(|need| need.then(|| IoBuf::standalone(span)))
         .collect();
     if matches!(u.plan, Plan::Rmw) {
-        u.old = u.writes.iter().map(|w| AlignedBuf::zeroed(w.len)).collect();
+        u.old = u
+            .writes
+            .iter()
+            .map(|w| Some(IoBuf::standalone(w.len)))
+            .collect();
     }
     Ok(())
 }
@@ -191,6 +190,7 @@ fn read_phase(a: &Array, units: &mut [Unit]) -> bool {
             Plan::Rmw => {
                 for (w, old) in u.writes.iter().zip(u.old.iter_mut()) {
                     let m = u.layout[w.index];
+                    let old = old.as_mut().unwrap();
                     ops.push(Op::read(m, a.member_offset(u.row, w.at), old));
                 }
                 for (b, &m) in u.span[k..].iter_mut().zip(&u.layout[k..]) {
@@ -216,6 +216,17 @@ fn read_phase(a: &Array, units: &mut [Unit]) -> bool {
     a.run(&mut ops)
 }
 
+fn compute(a: &Array, units: &mut [Unit], data: &[u8]) {
+    let np = a.geo.level.parity();
+    for u in units.iter_mut() {
+        match u.plan {
+            Plan::Full => compute_full(u, data, np),
+            Plan::Rmw => compute_rmw(u, data, np),
+            Plan::Rcw | Plan::Rebuild => compute_rcw(u, data, np),
+        }
+    }
+}
+
 fn compute_full(u: &mut Unit, data: &[u8], np: usize) {
     let k = u.layout.len() - np;
     let mut srcs: Vec<&[u8]> = vec![&[]; k];
@@ -229,6 +240,7 @@ fn compute_rmw(u: &mut Unit, data: &[u8], np: usize) {
     let k = u.layout.len() - np;
     let (_, par) = u.span.split_at_mut(k);
     for (w, old) in u.writes.iter().zip(u.old.iter_mut()) {
+        let old = old.as_mut().unwrap();
         // old ^= new gives the delta that P and Q must absorb.
         millrace_parity::xor_into(old, w.data(data));
         let at = (w.at - u.lo) as usize;
@@ -306,4 +318,165 @@ fn write_phase(a: &Array, units: &[Unit], data: &[u8]) -> Result<()> {
         a.run(&mut ops);
         Ok(())
     }
+}
+
+/// Where a buffer lent to the ring comes back to: a unit's span or old-data slot.
+enum Slot {
+    Span(usize, usize),
+    Old(usize, usize),
+}
+
+impl Slot {
+    fn of<'u>(&self, units: &'u mut [Unit]) -> &'u mut Option<IoBuf> {
+        match *self {
+            Slot::Span(u, i) => &mut units[u].span[i],
+            Slot::Old(u, j) => &mut units[u].old[j],
+        }
+    }
+}
+
+/// The member reads of a unit's plan: (member, member offset, slot).
+fn planned_reads(a: &Array, ui: usize, u: &Unit) -> Vec<(usize, u64, Slot)> {
+    let k = a.geo.group_data();
+    let at = a.member_offset(u.row, u.lo);
+    let mut v = Vec::new();
+    match u.plan {
+        Plan::Full => {}
+        Plan::Rmw => {
+            for (j, w) in u.writes.iter().enumerate() {
+                let off = a.member_offset(u.row, w.at);
+                v.push((u.layout[w.index], off, Slot::Old(ui, j)));
+            }
+            for i in k..u.layout.len() {
+                v.push((u.layout[i], at, Slot::Span(ui, i)));
+            }
+        }
+        Plan::Rcw => {
+            for i in (0..k).filter(|&i| u.span[i].is_some()) {
+                v.push((u.layout[i], at, Slot::Span(ui, i)));
+            }
+        }
+        Plan::Rebuild => {
+            for i in (0..u.layout.len()).filter(|i| !u.missing.contains(i)) {
+                v.push((u.layout[i], at, Slot::Span(ui, i)));
+            }
+        }
+    }
+    v
+}
+
+/// A parity write on this core's ring: the plan's reads as one batch, parity computed when they
+/// complete, then data and parity as one batch, straight from the request's buffer. Only for a
+/// pool with every member online (no journal). Ok(false): a member failed; plan again.
+pub(super) async fn write_on_ring(
+    a: &Array,
+    drives: &Drives,
+    offset: u64,
+    data: IoBuf,
+    fua: bool,
+) -> (Result<bool>, IoBuf) {
+    let pieces = a.pieces(offset, data.len());
+    let mut units = units(a, &pieces);
+    for u in units.iter_mut() {
+        if let Err(e) = plan(a, u) {
+            return (Err(e), data);
+        }
+        if matches!(u.plan, Plan::Rebuild) {
+            // A member left service since the request was placed: the blocking engine (and its
+            // journal) handles degraded writes.
+            return (Ok(false), data);
+        }
+    }
+    let reads: Vec<(usize, u64, Slot)> = units
+        .iter()
+        .enumerate()
+        .flat_map(|(ui, u)| planned_reads(a, ui, u))
+        .collect();
+    if !ring_batch(a, drives, &mut units, reads, None, false).await {
+        return (Ok(false), data);
+    }
+    compute(a, &mut units, &data);
+    let k = a.geo.group_data();
+    let mut writes = Vec::new();
+    for (ui, u) in units.iter().enumerate() {
+        let at = a.member_offset(u.row, u.lo);
+        for i in k..u.layout.len() {
+            writes.push((u.layout[i], at, Slot::Span(ui, i)));
+        }
+    }
+    let data = SharedBuf::new(data);
+    let mut extra = Batch::with_capacity(pieces.len());
+    let mut sent = Vec::with_capacity(pieces.len());
+    for u in &units {
+        for w in &u.writes {
+            let m = u.layout[w.index];
+            let off = a.member_offset(u.row, w.at);
+            extra.write(
+                a.ring_fd(drives, m),
+                off,
+                &data,
+                w.from..w.from + w.len,
+                fua,
+            );
+            sent.push(Sent {
+                member: m,
+                len: w.len,
+                write: true,
+            });
+        }
+    }
+    a.retire_journal();
+    // A member whose write fails leaves service; the write stands while the pool survives.
+    ring_batch(a, drives, &mut units, writes, Some((extra, sent)), fua).await;
+    let data = data
+        .try_unwrap()
+        .expect("every member operation has completed");
+    let r = match a.offline_group() {
+        Some(e) => Err(e),
+        None => Ok(true),
+    };
+    (r, data)
+}
+
+/// Runs member operations on the slots' buffers (reads, or writes with `fua`) together with
+/// `extra`, as one batch; the buffers go back to their slots. Returns whether all succeeded.
+async fn ring_batch(
+    a: &Array,
+    drives: &Drives,
+    units: &mut [Unit],
+    ops: Vec<(usize, u64, Slot)>,
+    extra: Option<(Batch, Vec<Sent>)>,
+    write_fua: bool,
+) -> bool {
+    let write = extra.is_some();
+    let (mut batch, mut sent) =
+        extra.unwrap_or_else(|| (Batch::with_capacity(ops.len()), Vec::new()));
+    let mut lent = Vec::with_capacity(ops.len());
+    for (m, off, slot) in ops {
+        let b = SharedBuf::new(
+            slot.of(units)
+                .take()
+                .expect("the plan gave the slot a buffer"),
+        );
+        let fd = a.ring_fd(drives, m);
+        if write {
+            batch.write(fd, off, &b, 0..b.len(), write_fua);
+        } else {
+            batch.read(fd, off, &b, 0..b.len());
+        }
+        sent.push(Sent {
+            member: m,
+            len: b.len(),
+            write,
+        });
+        lent.push((slot, b));
+    }
+    let results = batch.run().await;
+    for (slot, b) in lent {
+        *slot.of(units) = Some(
+            b.try_unwrap()
+                .expect("every member operation has completed"),
+        );
+    }
+    a.account(drives, &sent, results)
 }
