@@ -32,10 +32,34 @@ fi
 step "build binaries for the guest" cargo build --workspace --bins --examples -q
 bins=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug
 step "build the CSI driver and csi-sanity for the guest" bash tests/csi/build-for-guest.sh "$bins"
+# Each guest is a throwaway VM that writes only inside itself, so they run side by side
+# (MILLRACE_GUEST_JOBS at a time, 2 by default: one per core here); each one's output is printed
+# whole, in order, once it ends.
+guest_logs=$(mktemp -d)
+guest_jobs=${MILLRACE_GUEST_JOBS:-2}
+guests=()
 for g in tests/guest/*.sh; do
   [[ -e $g ]] || continue
-  step "guest: $(basename "$g" .sh)" tests/guest/run-in-guest --timeout 1200 "$g" "$bins"
+  guests+=("$g")
+  while (($(jobs -rp | wc -l) >= guest_jobs)); do wait -n || true; done
+  name=$(basename "$g" .sh)
+  ( t0=$SECONDS
+    tests/guest/run-in-guest --timeout 1200 "$g" "$bins" > "$guest_logs/$name.log" 2>&1
+    echo "$? $((SECONDS - t0))" > "$guest_logs/$name.rc" ) &
 done
+wait
+for g in "${guests[@]}"; do
+  name=$(basename "$g" .sh)
+  echo "=== guest: $name"
+  cat "$guest_logs/$name.log"
+  read -r rc secs < "$guest_logs/$name.rc" || { rc=1 secs=0; }
+  if ((rc == 0)); then
+    passed=$((passed + 1)); echo "--- ok: guest: $name ($secs s)"
+  else
+    failed=$((failed + 1)); failures+=("guest: $name"); echo "--- FAILED: guest: $name ($secs s, exit $rc)"
+  fi
+done
+rm -rf "$guest_logs"
 
 echo
 ((failed)) && printf 'failed: %s\n' "${failures[@]}"
