@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from millrace import bench
+import millrace_bench as bench
 
 REQUIRED = ["mode", "size_bytes", "threads", "gbps", "lat_p50_us", "lat_p99_us", "cpu_pct"]
 

@@ -20,7 +20,7 @@ def torch():
 @pytest.mark.parametrize("size", [1, 4097, (5 << 20) + 3])
 @pytest.mark.parametrize("gds", [False, None, True])
 def test_read_to_gpu(tmp_path, torch, size, gds):
-    from millrace import bench
+    import millrace_bench as bench
 
     data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
     p = tmp_path / "f.bin"
@@ -83,7 +83,8 @@ def test_dataset_on_gpu_matches_cpu(tmp_path, torch):
 
 
 def test_gds_forced_where_it_cannot_work_is_a_clear_error(tmp_path):
-    from millrace import _gpu, bench
+    import millrace_bench as bench
+    from millrace import _gpu
 
     p = tmp_path / "f.bin"
     p.write_bytes(b"x" * 10)
@@ -100,7 +101,7 @@ def test_gds_forced_where_it_cannot_work_is_a_clear_error(tmp_path):
 def test_bench_gpu_modes(tmp_path):
     import csv
 
-    from millrace import bench
+    import millrace_bench as bench
 
     f = tmp_path / "d.bin"
     f.write_bytes(os.urandom(8 << 20))
@@ -136,7 +137,7 @@ def test_bench_gpu_modes(tmp_path):
 def test_bench_cpu_gpu_batches_small_transfers(tmp_path, coalesce, per, workers):
     import csv
 
-    from millrace import bench
+    import millrace_bench as bench
 
     f = tmp_path / "d.bin"
     f.write_bytes(os.urandom(16 << 20))

@@ -15,6 +15,6 @@ tar xJf bench-out/fio.tar.xz -C /tmp && export PATH=/tmp/fiopkg:$PATH && fio --v
 nproc; free -g | head -2
 (cd python && timeout 120 python3 -m pytest -q -p no:cacheprovider tests -rfEs > $OUT/pytest.txt 2>&1; tail -8 $OUT/pytest.txt)
 D=/tmp/mb; mkdir -p $D
-timeout 440 python3 -m millrace.bench $D/file.bin --create 8G --sizes 4K,64K,1M,16M --threads 1,4,16 \
+timeout 440 python3 -m millrace_bench $D/file.bin --create 8G --sizes 4K,64K,1M,16M --threads 1,4,16 \
   --mode cpu,cpu-gpu,gds --seconds 1 --cell-repeat 3 --whole --whole-threads 8 --repeat 3 --checkpoint-gb 4 \
   --csv $OUT/gpu.csv --plot $OUT/gpu.png 2>&1 | tee $OUT/bench.txt

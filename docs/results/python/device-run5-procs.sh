@@ -6,7 +6,7 @@ tar xJf bench-out/fio.tar.xz -C /tmp && export PATH=/tmp/fiopkg:$PATH
 export PYTHONPATH=$PWD/python
 (cd python && timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_bench.py -rfEs 2>&1 | tail -4) | tee $OUT/pytest.txt
 D=/tmp/mb; mkdir -p $D
-B="python3 -m millrace.bench $D/file.bin --seconds 1 --cell-repeat 3 --mode cpu,cpu-gpu"
+B="python3 -m millrace_bench $D/file.bin --seconds 1 --cell-repeat 3 --mode cpu,cpu-gpu"
 timeout 240 $B --create 4G --sizes 4K,64K --threads 1,4,16 --workers processes \
   --csv $OUT/procs.csv --plot $OUT/procs.png 2>&1 | tee $OUT/procs.txt
 timeout 100 $B --sizes 4K --threads 1,4,16 --csv $OUT/threads4k.csv 2>&1 | tee $OUT/threads4k.txt

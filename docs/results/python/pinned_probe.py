@@ -1,5 +1,5 @@
 # Stop 12 probe, run on the GPU machine from the repository root:
-#   python3 python/bench-results/pinned_probe.py FILE      (FILE: 1 GiB or more)
+#   python3 docs/results/python/pinned_probe.py FILE      (FILE: 1 GiB or more)
 # Times 4 KiB O_DIRECT reads into one slot or cycling slots of ordinary and pinned buffers, then
 # the bench cell with each copy strategy. Output of the stop 12 run: h100-probe.txt.
 import os

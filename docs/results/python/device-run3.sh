@@ -9,7 +9,7 @@ export PYTHONPATH=$PWD/python
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; uname -r
 (cd python && timeout 150 python3 -m pytest -q -p no:cacheprovider tests -rfEs > $OUT/pytest.txt 2>&1; tail -6 $OUT/pytest.txt)
 D=/tmp/mb; mkdir -p $D
-B="python3 -m millrace.bench $D/file.bin --seconds 1"
+B="python3 -m millrace_bench $D/file.bin --seconds 1"
 timeout 260 $B --create 4G --sizes 4K,64K,1M,16M --threads 1,4,16 --mode cpu,cpu-gpu --cell-repeat 5 \
   --csv $OUT/grid.csv --plot $OUT/grid.png 2>&1 | tee $OUT/grid.txt
 timeout 60 $B --sizes 4K,64K --threads 1,4,16 --mode cpu-gpu --coalesce 0 --cell-repeat 3 2>&1 | tee $OUT/grid-coalesce0.txt
