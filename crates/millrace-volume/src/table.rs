@@ -110,6 +110,13 @@ fn round_up(x: u64, a: u64) -> u64 {
     x.div_ceil(a) * a
 }
 
+/// A size from outside (the CLI, the API) rounded up to whole stripes, or None where that
+/// passes 2^64: such a size must be refused, never wrap to a small one (it did, making a 0-byte
+/// volume, or a grow that ran over its neighbours).
+fn checked_round_up(x: u64, a: u64) -> Option<u64> {
+    x.div_ceil(a).checked_mul(a)
+}
+
 pub(crate) fn human(b: u64) -> String {
     const U: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut v = b as f64;
@@ -151,6 +158,13 @@ impl Volumes {
             }
         }
         let (generation, table) = match best {
+            Some((_, t)) if !fits(&t, round_up(TABLE_AREA_BYTES, align), dev.size_bytes()) => {
+                return refuse(
+                    "this pool's volume table places volumes outside the pool or over each other (the table was not written by this \
+                     version of Millrace, or a drive returned bad data); no volume is opened so none can write over another. \
+                     Run `millrace pool scrub --repair`, or restore the pool's drives from a backup",
+                )
+            }
             Some(b) => b,
             None if damaged > 0 => {
                 return refuse(
@@ -263,8 +277,9 @@ impl Volumes {
         if g.table.volumes.iter().any(|v| v.name == name) {
             return refuse(format!("a volume named {name} already exists in this pool; pick another name or delete it first"));
         }
-        let size = round_up(size, self.align);
-        let Some(offset) = self.find_gap(&g.table, size) else {
+        let Some(offset) =
+            checked_round_up(size, self.align).and_then(|rounded| self.find_gap(&g.table, rounded))
+        else {
             return refuse(format!(
                 "the pool has no room for a volume of {}: {} is free in all, {} in the largest free range; delete or shrink volumes, or use a smaller size",
                 human(size),
@@ -272,6 +287,7 @@ impl Volumes {
                 human(self.largest_gap(&g.table)),
             ));
         };
+        let size = round_up(size, self.align);
         let info = VolumeInfo {
             name: name.to_string(),
             uuid: Uuid::new_v4(),
@@ -312,7 +328,7 @@ impl Volumes {
             return refuse(no_such(name));
         };
         let cur = g.table.volumes[i].clone();
-        let new_size = round_up(new_size, self.align);
+        let new_size = checked_round_up(new_size, self.align).unwrap_or(u64::MAX);
         if new_size < cur.size_bytes {
             return refuse(format!(
                 "volume {name} is {} and cannot shrink (the data of the filesystem on it would be cut off); give a size of at least its current one",
@@ -327,7 +343,11 @@ impl Volumes {
             .filter(|&o| o > cur.offset_bytes)
             .min()
             .unwrap_or(self.data_start() + self.capacity());
-        if cur.offset_bytes + new_size > limit {
+        if cur
+            .offset_bytes
+            .checked_add(new_size)
+            .is_none_or(|end| end > limit)
+        {
             return refuse(format!(
                 "volume {name} can grow to at most {} in place (the space after it ends there); create a new volume instead",
                 human(limit - cur.offset_bytes)
@@ -426,6 +446,21 @@ impl Volumes {
 
 fn no_such(name: &str) -> String {
     format!("this pool has no volume named {name}; `millrace volume list` shows the ones it has")
+}
+
+/// Whether every volume of a table read from the drives lies inside the pool, after the
+/// table area, and apart from the others: a table this code did not write must not make two
+/// volumes share bytes or reach past the pool.
+fn fits(t: &Table, start: u64, end: u64) -> bool {
+    let mut spans = Vec::with_capacity(t.volumes.len());
+    for v in &t.volumes {
+        match v.offset_bytes.checked_add(v.size_bytes) {
+            Some(e) if v.offset_bytes >= start && e <= end => spans.push((v.offset_bytes, e)),
+            _ => return false,
+        }
+    }
+    spans.sort();
+    spans.windows(2).all(|w| w[0].1 <= w[1].0)
 }
 
 fn used(t: &Table) -> u64 {
