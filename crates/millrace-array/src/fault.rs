@@ -1,9 +1,13 @@
 //! A drive that misbehaves on purpose, for tests: it fails reads or writes (everywhere or in a
 //! range), returns silently corrupted data, and on a power cut drops or tears, at 4 KiB
-//! granularity, any subset of the writes not yet covered by a flush.
+//! granularity, any subset of the writes not yet covered by a flush. Drives can share a kill
+//! budget: once that many writes have reached any of them, the process is as good as killed,
+//! and every later write and flush silently does nothing.
 
 use std::io;
 use std::ops::Range;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -28,6 +32,12 @@ pub struct FaultyDrive {
     inner: MemDrive,
     faults: Mutex<Faults>,
     pending: Mutex<Vec<Pending>>,
+    kill: Mutex<Option<Arc<AtomicI64>>>,
+}
+
+/// A kill budget drives share (see the module comment): writes left before the kill.
+pub fn kill_budget() -> Arc<AtomicI64> {
+    Arc::new(AtomicI64::new(i64::MAX))
 }
 
 fn hits(r: &Option<Range<u64>>, offset: u64, len: usize) -> bool {
@@ -41,7 +51,24 @@ impl FaultyDrive {
             inner: MemDrive::new(name, size),
             faults: Mutex::new(Faults::default()),
             pending: Mutex::new(Vec::new()),
+            kill: Mutex::new(None),
         }
+    }
+
+    /// Counts this drive's writes against `budget` (see `kill_budget`).
+    pub fn share_kill(&self, budget: Arc<AtomicI64>) {
+        *self.kill.lock() = Some(budget);
+    }
+
+    /// Whether the shared budget is spent: the process has been killed.
+    fn killed(&self, spend: bool) -> bool {
+        self.kill.lock().as_ref().is_some_and(|b| {
+            if spend {
+                b.fetch_sub(1, Ordering::AcqRel) <= 0
+            } else {
+                b.load(Ordering::Acquire) <= 0
+            }
+        })
     }
 
     /// Reads touching `range` (None: everything) fail with EIO.
@@ -132,6 +159,9 @@ impl Drive for FaultyDrive {
         if hits(&self.faults.lock().fail_writes, offset, buf.len()) {
             return Err(eio("write", &self.describe()));
         }
+        if self.killed(true) {
+            return Ok(());
+        }
         let mut pending = self.pending.lock();
         let mut old = vec![0u8; buf.len()];
         self.inner.read_at(&mut old, offset)?;
@@ -148,6 +178,9 @@ impl Drive for FaultyDrive {
             .is_some_and(|r| r.start == 0 && r.end == u64::MAX)
         {
             return Err(eio("flush", &self.describe()));
+        }
+        if self.killed(false) {
+            return Ok(());
         }
         self.pending.lock().clear();
         Ok(())

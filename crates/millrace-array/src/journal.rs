@@ -1,4 +1,6 @@
-//! The journal that closes the RAID5/6 write hole while a pool is degraded.
+//! Format version 1's journal, which closed the RAID5/6 write hole while a pool was degraded.
+//! Version 2 replaces it with the partial-parity log (`crate::ppl`, in the same area); this is
+//! kept to convert older pools (`engine::journaled`) and to test that conversion.
 //!
 //! With every member present, a crash is repaired by resync: the data on the drives is what it
 //! is, and parity is recomputed from it. With a member missing, the missing member's data lives

@@ -9,6 +9,7 @@ pub mod fault;
 pub mod geometry;
 pub mod io;
 pub mod journal;
+pub mod ppl;
 pub mod superblock;
 
 pub use engine::{Array, ArrayError, MemberStats};

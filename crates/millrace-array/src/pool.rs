@@ -118,6 +118,8 @@ impl Meta {
     /// to every spare. The caller holds the `sb` lock.
     fn commit(&self, sb: &mut Superblock) -> io::Result<()> {
         sb.events += 1;
+        // A version-1 pool becomes version 2 here: its journal was dealt with at import.
+        sb.format = crate::superblock::VERSION;
         let at = sb.slot() * SLOT_BYTES as u64;
         let drives = self.array().map(|a| a.drives()).unwrap_or_default();
         let spares = self.spares.lock().clone();
@@ -416,6 +418,7 @@ impl Pool {
             created: now(),
             clean: fresh,
             rebuild_checkpoint: 0,
+            format: crate::superblock::VERSION,
             table,
         };
         let pool = Pool::assemble_from(
@@ -608,6 +611,8 @@ impl Pool {
                 .collect();
             sb.table = table;
             let name = sb.name.clone();
+            // Read before any commit below rewrites the superblocks as the current version.
+            let format = sb.format;
             let pool = Pool::assemble_from(sb, drives, mpaths, spares, pnotes);
             if !lost_at_crash.is_empty() && pool.array.geometry().level.is_parity() && !force {
                 // A crash left stripes half written, and a member that was in service then is
@@ -641,10 +646,10 @@ impl Pool {
                 *pool.meta.sb.lock() = sb;
             }
             if !pool.superblock().clean {
-                pool.recover_after_crash()?;
-            } else if pool.array.geometry().level.is_parity() && pool.array.discard_journal() {
+                pool.recover_after_crash(format)?;
+            } else if pool.array.geometry().level.is_parity() && pool.discard_log(format) {
                 tracing::warn!(
-                    "pool '{}': retired a journal record that a clean stop had left behind",
+                    "pool '{}': retired a log record that a clean stop had left behind",
                     pool.name()
                 );
             }
@@ -655,12 +660,25 @@ impl Pool {
 
     /// Makes redundancy consistent again after an unclean shutdown, in the rows the bitmap
     /// marks (all rows if the pool has no bitmap), then records the pool clean.
-    fn recover_after_crash(&self) -> Result<()> {
-        if self.array.geometry().level.is_parity() && self.array.replay_journal() {
-            tracing::warn!(
-                "pool '{}': replayed the journal of a degraded write cut short",
-                self.name()
-            );
+    fn recover_after_crash(&self, format: u32) -> Result<()> {
+        if self.array.geometry().level.is_parity() {
+            // A version-1 pool's journal (see superblock::VERSION), else the partial-parity log.
+            if format < 2 {
+                if self.array.replay_journal() {
+                    tracing::warn!(
+                        "pool '{}': replayed the (version 1) journal of a degraded write cut short",
+                        self.name()
+                    );
+                }
+            } else {
+                let n = self.array.recover_log();
+                if n > 0 {
+                    tracing::warn!(
+                        "pool '{}': recomputed parity of {n} stripe updates from the partial-parity log",
+                        self.name()
+                    );
+                }
+            }
         }
         let ranges = self.array.dirty_rows();
         let rows: u64 = ranges.iter().map(|r| r.end - r.start).sum();
@@ -689,6 +707,16 @@ impl Pool {
 
     pub fn array(&self) -> &Arc<Array> {
         &self.array
+    }
+
+    /// At the start of a pool stopped cleanly: retires a stale log (or version-1 journal)
+    /// record. Returns whether there was one.
+    fn discard_log(&self, format: u32) -> bool {
+        if format < 2 {
+            self.array.discard_journal()
+        } else {
+            self.array.discard_log()
+        }
     }
 
     pub fn name(&self) -> String {
@@ -1102,31 +1130,39 @@ impl Pool {
         let t0 = std::time::Instant::now();
         let mut last_save = t0;
         let row_bytes = geo.strip * targets.len() as u64;
-        let window = self.array.rebuild_batch_rows();
-        let mut row = start;
-        while row < geo.rows() {
-            if self.stopping.load(Ordering::Acquire) {
-                self.save_rebuild_checkpoint(row)?;
-                return err(format!(
-                    "the rebuild was stopped at row {row} of {} (the server is shutting down); it resumes there",
-                    geo.rows()
-                ));
-            }
-            let n = window.min(geo.rows() - row);
-            self.array.rebuild_rows(row, n)?;
-            row += n - 1;
+        let (min, mut size, max) = self.array.rebuild_batch_bounds();
+        let stats = &self.array.stats;
+        let client_ops =
+            || stats.read_ops.load(Ordering::Relaxed) + stats.write_ops.load(Ordering::Relaxed);
+        let mut seen = client_ops();
+        if self.stopping.load(Ordering::Acquire) {
+            return err(format!(
+                "the rebuild was stopped at row {start} of {} (the server is shutting down); it resumes there",
+                geo.rows()
+            ));
+        }
+        let mut stop: Option<PoolError> = None;
+        let reached = self.array.rebuild_pipelined(start, size, |row| {
             if let Some(&m) = targets
                 .iter()
                 .find(|&&m| self.array.member_state(m) != MemberState::Rebuilding)
             {
-                return err(format!(
+                stop = Some(PoolError(format!(
                     "the rebuild stopped: member {m} ({}) failed while being rebuilt; replace it with `millrace pool replace`",
                     self.member_paths()[m].as_ref().map(|p| p.display().to_string()).unwrap_or_default()
-                ));
+                )));
+                return 0;
+            }
+            if self.stopping.load(Ordering::Acquire) {
+                stop = self.save_rebuild_checkpoint(row).err().or(Some(PoolError(format!(
+                    "the rebuild was stopped at row {row} of {} (the server is shutting down); it resumes there",
+                    geo.rows()
+                ))));
+                return 0;
             }
             if let Some(rate) = rate.filter(|&r| r > 0) {
                 let due = std::time::Duration::from_secs_f64(
-                    (row + 1 - start) as f64 * row_bytes as f64 / rate as f64,
+                    (row - start) as f64 * row_bytes as f64 / rate as f64,
                 );
                 if let Some(wait) = due.checked_sub(t0.elapsed()) {
                     std::thread::sleep(wait);
@@ -1134,10 +1170,27 @@ impl Pool {
             }
             if last_save.elapsed() >= std::time::Duration::from_secs(1) {
                 last_save = std::time::Instant::now();
-                self.save_rebuild_checkpoint(row + 1)?;
+                if let Err(e) = self.save_rebuild_checkpoint(row) {
+                    stop = Some(e);
+                    return 0;
+                }
             }
-            progress(row + 1, geo.rows());
-            row += 1;
+            progress(row, geo.rows());
+            // Clients at work: smaller batches, so their requests wait less behind the
+            // rebuild's locks; idle: larger ones, so the drives see long sequential runs.
+            let now = client_ops();
+            size = if now != seen { (size / 2).max(min) } else { (size * 2).min(max) };
+            seen = now;
+            size
+        })?;
+        if let Some(e) = stop {
+            return Err(e);
+        }
+        if reached < geo.rows() {
+            return err(format!(
+                "the rebuild stopped at row {reached} of {}; run it again to resume",
+                geo.rows()
+            ));
         }
         self.array.flush()?;
         let mut sb = self.meta.sb.lock();

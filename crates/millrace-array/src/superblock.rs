@@ -20,7 +20,13 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 pub const MAGIC: &[u8; 8] = b"MILLRACE";
-pub const VERSION: u32 = 1;
+/// Version 2: the partial-parity log replaces version 1's degraded-write journal in the area
+/// from `journal::JOURNAL_OFFSET` to the data. Version 1 pools are read, their journal replayed
+/// or retired at import, and rewritten as version 2 at the next superblock commit (the first
+/// write).
+pub const VERSION: u32 = 2;
+/// The oldest version this build reads (and converts).
+pub const OLDEST_VERSION: u32 = 1;
 pub const SLOT_BYTES: usize = 4096;
 pub const SLOTS: u64 = 2;
 const NAME_BYTES: usize = 64;
@@ -77,6 +83,8 @@ pub struct Superblock {
     pub created: u64,
     pub clean: bool,
     pub rebuild_checkpoint: u64,
+    /// The format version the slot was read with (encode always writes `VERSION`).
+    pub format: u32,
     /// One entry per slot in layout order: (uuid of the drive in that slot, its state), then
     /// one per hot spare.
     pub table: Vec<(Uuid, MemberState)>,
@@ -159,9 +167,9 @@ impl Superblock {
             return Err(SbError::Corrupt("checksum mismatch".into()));
         }
         let version = get32(b, 8);
-        if version != VERSION {
+        if !(OLDEST_VERSION..=VERSION).contains(&version) {
             return Err(SbError::Corrupt(format!(
-                "format version {version}, this build reads version {VERSION}; use a matching millrace"
+                "format version {version}, this build reads versions {OLDEST_VERSION} to {VERSION}; use a newer millrace"
             )));
         }
         let level = Level::from_code(b[112])
@@ -211,6 +219,7 @@ impl Superblock {
             created: get64(b, 160),
             clean: get32(b, 12) & 1 == 1,
             rebuild_checkpoint: get64(b, 168),
+            format: version,
             table,
         };
         sb.geometry().map_err(SbError::Corrupt)?;
@@ -277,6 +286,7 @@ mod tests {
             created: 1_700_000_000,
             clean: true,
             rebuild_checkpoint: 0,
+            format: VERSION,
             table: (0..8)
                 .map(|i| {
                     (
@@ -306,6 +316,20 @@ mod tests {
             b[at] ^= 0x40;
             assert!(Superblock::decode(&b).is_err(), "byte {at}");
         }
+    }
+
+    #[test]
+    fn version_1_is_read_and_a_newer_one_refused() {
+        let mut b = sample().encode();
+        put32(&mut b, 8, 1);
+        let crc = crc32c::crc32c(&b[..CRC_AT]);
+        put32(&mut b, CRC_AT, crc);
+        assert_eq!(Superblock::decode(&b).unwrap().format, 1);
+        put32(&mut b, 8, VERSION + 1);
+        let crc = crc32c::crc32c(&b[..CRC_AT]);
+        put32(&mut b, CRC_AT, crc);
+        let e = Superblock::decode(&b).unwrap_err().to_string();
+        assert!(e.contains("use a newer millrace"), "{e}");
     }
 
     #[test]

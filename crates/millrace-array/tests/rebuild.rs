@@ -95,6 +95,9 @@ fn rebuild_under_load(level: Level, n: usize, group: Option<usize>, fail: &[usiz
         })
     };
     let mut calls = 0;
+    // Fixed batches (the rebuild adapts its batch to client load otherwise), so the count of
+    // batches below is known.
+    pool.array().set_rebuild_batch_rows(256);
     assert!(pool.rebuild(None, |_, _| calls += 1).unwrap());
     assert!(calls >= 4, "the rebuild reported progress {calls} times");
     stop.store(true, Ordering::Relaxed);

@@ -353,20 +353,23 @@ fn rebuild_rate(
     simulated: bool,
 ) -> Result<f64, String> {
     let t0 = std::time::Instant::now();
-    let mut rows = 0u64;
-    while t0.elapsed().as_secs_f64() < secs
-        && !stop.load(std::sync::atomic::Ordering::Relaxed)
-        && rows < array.geometry().rows()
-    {
-        let n = array
-            .rebuild_batch_rows()
-            .min(array.geometry().rows() - rows);
-        array.rebuild_rows(rows, n).map_err(|e| e.to_string())?;
-        if simulated {
-            sim::wait();
-        }
-        rows += n;
-    }
+    // The engine's pipelined rebuild (reads of the next batch beside this batch's writes), at
+    // its idle batch size.
+    let (_, first, _) = array.rebuild_batch_bounds();
+    let rows = array
+        .rebuild_pipelined(0, first, |_| {
+            if simulated {
+                sim::wait_all();
+            }
+            let more = t0.elapsed().as_secs_f64() < secs
+                && !stop.load(std::sync::atomic::Ordering::Relaxed);
+            if more {
+                first
+            } else {
+                0
+            }
+        })
+        .map_err(|e| e.to_string())?;
     Ok(rows as f64 * array.geometry().strip as f64 / t0.elapsed().as_secs_f64())
 }
 

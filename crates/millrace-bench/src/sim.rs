@@ -8,6 +8,11 @@
 //! jobs) cap the aggregate, and no CPU is burnt waiting. Reads leave buffers as they are: no
 //! copy to pay for. Caveat: a read-modify-write's write phase books right after its read phase
 //! rather than after its completion, so small-write latency is slightly optimistic.
+//!
+//! A flush is the exception: it waits, on the calling thread, until everything the drive was
+//! given has completed and then its flush latency (default 50 µs, a drive with a volatile write
+//! cache draining it; `/flush=` sets it). So what a flush orders (a log made durable before the
+//! data goes in place) costs what it costs on a drive.
 
 use std::cell::Cell;
 use std::io;
@@ -18,6 +23,21 @@ use parking_lot::Mutex;
 
 thread_local! {
     static DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// The completion of the latest I/O booked on any simulated drive.
+static LAST: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+
+/// Sleeps until every simulated I/O any thread issued has completed: for a caller whose I/O
+/// is issued on threads it does not own (the rebuild's reader).
+pub fn wait_all() {
+    let t = *LAST.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(t) = t {
+        let now = Instant::now();
+        if t > now {
+            std::thread::sleep(t - now);
+        }
+    }
 }
 
 /// Sleeps until every simulated I/O this thread issued has completed.
@@ -36,15 +56,30 @@ pub struct SimSpec {
     pub bytes_per_sec: f64,
     pub iops: f64,
     pub latency: Duration,
+    pub flush_latency: Duration,
     pub size: u64,
 }
 
 impl std::str::FromStr for SimSpec {
     type Err = String;
-    /// "16x400M" (16 drives of 400 MB/s), optionally ":200k" for an IOPS cap.
+    /// "16x400M" (16 drives of 400 MB/s), optionally ":200k" for an IOPS cap, optionally
+    /// "/flush=200u" for a flush latency (u: microseconds, m: milliseconds).
     fn from_str(s: &str) -> Result<SimSpec, String> {
         let bad = || {
-            format!("'{s}' is not a simulated pool: write it as DRIVESxRATE, like 16x400M (16 drives of 400 MB/s each), optionally :IOPS, like 16x400M:200k")
+            format!("'{s}' is not a simulated pool: write it as DRIVESxRATE, like 16x400M (16 drives of 400 MB/s each), optionally :IOPS, like 16x400M:200k, and /flush=LATENCY, like 16x400M/flush=200u")
+        };
+        let (s, flush_latency) = match s.split_once("/flush=") {
+            Some((m, f)) => {
+                let (digits, unit) = f.split_at(f.len().saturating_sub(1));
+                let n: u64 = digits.parse().map_err(|_| bad())?;
+                let d = match unit {
+                    "u" => Duration::from_micros(n),
+                    "m" => Duration::from_millis(n),
+                    _ => return Err(bad()),
+                };
+                (m, d)
+            }
+            None => (s, Duration::from_micros(50)),
         };
         let (main, iops) = match s.split_once(':') {
             Some((m, i)) => (m, Some(i)),
@@ -79,6 +114,7 @@ impl std::str::FromStr for SimSpec {
             bytes_per_sec,
             iops,
             latency: Duration::from_micros(80),
+            flush_latency,
             size: 64 << 30,
         })
     }
@@ -90,6 +126,7 @@ pub struct SimDrive {
     ns_per_byte: f64,
     min_op: Duration,
     latency: Duration,
+    flush_latency: Duration,
     free_at: Mutex<Instant>,
 }
 
@@ -101,6 +138,7 @@ impl SimDrive {
             ns_per_byte: 1e9 / spec.bytes_per_sec,
             min_op: Duration::from_secs_f64(1.0 / spec.iops),
             latency: spec.latency,
+            flush_latency: spec.flush_latency,
             free_at: Mutex::new(Instant::now()),
         }
     }
@@ -114,6 +152,8 @@ impl SimDrive {
             *f + self.latency
         };
         DEADLINE.with(|d| d.set(Some(d.get().map_or(done, |x| x.max(done)))));
+        let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+        *last = Some(last.map_or(done, |x| x.max(done)));
     }
 }
 
@@ -133,6 +173,16 @@ impl Drive for SimDrive {
         Ok(())
     }
     fn flush(&self) -> io::Result<()> {
+        let done = {
+            let mut f = self.free_at.lock();
+            let start = (*f + self.latency).max(Instant::now());
+            *f = start + self.flush_latency;
+            *f
+        };
+        let now = Instant::now();
+        if done > now {
+            std::thread::sleep(done - now);
+        }
         Ok(())
     }
 }
@@ -150,6 +200,24 @@ mod tests {
         assert_eq!(s.iops, 50e3);
         assert!("16".parse::<SimSpec>().unwrap_err().contains("DRIVESxRATE"));
         assert!("0x1M".parse::<SimSpec>().is_err());
+        let s: SimSpec = "8x1G/flush=2m".parse().unwrap();
+        assert_eq!(s.flush_latency, Duration::from_millis(2));
+        assert!("8x1G/flush=2s".parse::<SimSpec>().is_err());
+    }
+
+    #[test]
+    fn a_flush_waits_for_the_writes_before_it() {
+        let spec: SimSpec = "1x100M/flush=1m".parse().unwrap();
+        let d = SimDrive::new("s".into(), &spec);
+        let t = Instant::now();
+        d.write_at(&vec![0u8; 1 << 20], 0).unwrap();
+        d.flush().unwrap();
+        // 1 MiB at 100 MB/s is about 10 ms, then 1 ms of flush.
+        assert!(
+            t.elapsed() >= Duration::from_millis(11),
+            "{:?}",
+            t.elapsed()
+        );
     }
 
     #[test]

@@ -297,9 +297,7 @@ impl Array {
                     .fetch_add(pieces.len() as u64, Ordering::Relaxed);
             }
         }
-        if self.journal_pending.load(Ordering::Acquire) {
-            self.retire_journal();
-        }
+        self.retire_log();
         let results = batch.run().await;
         self.account(drives, &sent, results);
         match self.offline_group() {

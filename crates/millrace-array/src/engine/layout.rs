@@ -1,5 +1,5 @@
 //! One strategy per RAID layout, in the manner of SPDK's raid module table (`struct
-//! raid_bdev_module`): the generic engine owns state, locks, the journal and failure handling,
+//! raid_bdev_module`): the generic engine owns state, locks, the log and failure handling,
 //! and asks the strategy of its level what to read, what to write, and how to rebuild, scrub or
 //! resync one group of one row. Strategies are stateless; they never lock.
 

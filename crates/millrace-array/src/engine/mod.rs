@@ -1,7 +1,7 @@
 //! The RAID engine: turns byte-addressed reads and writes of a pool into member I/O.
 //!
-//! The generic part (this module and its read, write, journal, rebuild and scrub modules) owns
-//! member state, row locks, the write-intent bitmap, the degraded-write journal and failure
+//! The generic part (this module and its read, write, log, rebuild and scrub modules) owns
+//! member state, row locks, the write-intent bitmap, the degraded-write partial-parity log and failure
 //! handling. What differs between RAID levels is one strategy per family behind the
 //! [`layout::Layout`] trait, in the manner of SPDK's raid module table: [`stripe`] (RAID0),
 //! [`mirror`] (RAID1, RAID10) and [`parity`] (RAID5, 6, 50, 60). A strategy plans reads and
@@ -21,6 +21,8 @@ mod locks;
 mod mirror;
 mod parity;
 mod parity_write;
+mod ppl_log;
+mod ppl_recover;
 mod read;
 mod rebuild;
 mod scrub;
@@ -30,11 +32,11 @@ mod write;
 pub use scrub::ScrubReport;
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 
 use crate::aligned::is_aligned;
 use crate::drive::Drive;
@@ -81,6 +83,11 @@ pub struct Stats {
     pub degraded_writes: AtomicU64,
     pub degraded_reads: AtomicU64,
     pub member_errors: AtomicU64,
+    /// Member flushes issued (each member's fdatasync counts one).
+    pub member_flushes: AtomicU64,
+    /// Partial-parity log records written, and their bytes (see `ppl_log`).
+    pub log_records: AtomicU64,
+    pub log_bytes: AtomicU64,
 }
 
 /// What one member slot moved, counted where member I/O completes (a replacement drive in the
@@ -139,22 +146,13 @@ pub struct Array {
     on_failure: RwLock<Option<FailureHook>>,
     /// The write-intent bitmap, where the metadata area has room for one.
     bitmap: Option<crate::bitmap::Bitmap>,
-    /// Serialises journaled (degraded) writes; holds the next record's sequence number and
-    /// the drives that may hold a record not yet retired.
-    journal: Mutex<JournalState>,
-    /// Some drive may hold a record not yet retired (a cheap check for the healthy write path).
-    journal_pending: AtomicBool,
+    /// The partial-parity log of degraded writes (`ppl_log`).
+    log: ppl_log::Log,
+    /// Rows per rebuild batch where set (0: the default).
+    rebuild_batch: AtomicU64,
     pub stats: Stats,
     /// Per member slot, in member order.
     pub member_stats: Vec<MemberStats>,
-}
-
-/// Where the degraded-write journal stands.
-struct JournalState {
-    /// The next record's sequence number.
-    seq: u64,
-    /// The drives holding the last record, not yet retired (see `Array::journaled_write`).
-    pending: Vec<Arc<dyn Drive>>,
 }
 
 fn state_code(s: MemberState) -> u8 {
@@ -189,6 +187,12 @@ struct Piece {
     len: usize,
 }
 
+/// The partial-parity log's slots on each member, sized for the worst row of this geometry.
+fn log_area(geo: &Geometry, data_offset: u64) -> Option<crate::ppl::Area> {
+    let row = crate::ppl::row_bytes(geo.group_data(), geo.strip);
+    crate::ppl::Area::new(data_offset, row + 3 * 4096)
+}
+
 impl Array {
     pub fn new(
         geo: Geometry,
@@ -215,11 +219,14 @@ impl Array {
             bitmap: crate::bitmap::region_rows(geo.rows(), geo.strip, data_offset)
                 .filter(|_| geo.tolerance_per_group() > 0)
                 .map(|rr| crate::bitmap::Bitmap::new(geo.rows(), rr)),
-            journal: Mutex::new(JournalState {
-                seq: 1,
-                pending: Vec::new(),
-            }),
-            journal_pending: AtomicBool::new(false),
+            log: ppl_log::Log::new(
+                geo.level
+                    .is_parity()
+                    .then(|| log_area(&geo, data_offset))
+                    .flatten(),
+                geo.members,
+            ),
+            rebuild_batch: AtomicU64::new(0),
             stats: Stats::default(),
             member_stats: (0..geo.members).map(|_| MemberStats::default()).collect(),
         }
@@ -254,7 +261,7 @@ impl Array {
     /// Flushes, then clears the write-intent bitmap: everything written so far is consistent.
     pub fn settle(&self) -> Result<()> {
         self.flush()?;
-        self.retire_journal();
+        self.retire_log();
         if let Some(b) = &self.bitmap {
             b.clear(&self.live_drives());
         }
@@ -459,7 +466,9 @@ impl Array {
         let live: Vec<usize> = (0..self.geo.members)
             .filter(|&m| self.writable(m))
             .collect();
+        let g = self.log.begin_flush();
         self.flush_members(&self.drives.load_full(), &live);
+        self.log.end_flush(g);
         match self.offline_group() {
             Some(e) => Err(e),
             None => Ok(()),
@@ -470,6 +479,9 @@ impl Array {
     /// a member whose flush fails is marked faulty.
     fn flush_members(&self, drives: &Arc<Vec<Arc<dyn Drive>>>, members: &[usize]) {
         let mut ops: Vec<Op> = members.iter().map(|&m| Op::flush(m)).collect();
+        self.stats
+            .member_flushes
+            .fetch_add(ops.len() as u64, Ordering::Relaxed);
         let results = execute(drives, &mut ops);
         for (op, r) in ops.iter().zip(results) {
             if let Err(e) = r {

@@ -2,12 +2,14 @@
 //! alone; a partial one reads either the old data and parity (read-modify-write) or the rest of
 //! the span (reconstruct-write), whichever reads less; a group missing a member it needs rebuilds
 //! the span from what it can read, then writes. All units' reads go out as one batch, then all
-//! writes as another (through the journal while the pool is degraded).
+//! writes as another (after the partial-parity log while the pool is degraded, `ppl_log`).
 
 use std::sync::atomic::Ordering;
 
 use super::parity::{gen_parity, recover};
+use super::ppl_recover::add_share;
 use super::{Array, ArrayError, Piece, Result};
+use crate::ppl::{LogEntry, LogWrite};
 use millrace_io::{Batch, IoBuf, SharedBuf};
 
 use super::completion::{Drives, Sent};
@@ -53,6 +55,11 @@ struct Unit {
     old: Vec<Option<IoBuf>>,
     /// Layout positions this attempt could not read (fixed at planning time).
     missing: Vec<usize>,
+    /// Parities (0: P, 1: Q) whose partial parity is logged before the unit is written: while a
+    /// data strip of the unit is on a member out of service (see `ppl_log`).
+    log: Vec<usize>,
+    /// The partial parity of each logged parity over [lo, hi), computed before the new data.
+    partials: Vec<Vec<u8>>,
 }
 
 impl Unit {
@@ -68,15 +75,19 @@ impl Unit {
 
 /// One attempt at a parity write. Ok(false): a read failed, members were marked faulty.
 pub(super) fn write(a: &Array, pieces: &[Piece], data: &[u8]) -> Result<bool> {
+    let planned = a.out_of_service();
     let mut units = units(a, pieces);
     for u in units.iter_mut() {
         plan(a, u)?;
+        u.log = log_parities(a, u, &planned);
     }
     if !read_phase(a, &mut units) {
         return Ok(false);
     }
     compute(a, &mut units, data);
-    write_phase(a, &units, data)?;
+    if !write_phase(a, &units, data, &planned)? {
+        return Ok(false);
+    }
     match a.offline_group() {
         Some(e) => Err(e),
         None => Ok(true),
@@ -103,6 +114,8 @@ fn units(a: &Array, pieces: &[Piece]) -> Vec<Unit> {
                 span: Vec::new(),
                 old: Vec::new(),
                 missing: Vec::new(),
+                log: Vec::new(),
+                partials: Vec::new(),
             });
         }
         let u = units.last_mut().unwrap();
@@ -179,6 +192,23 @@ fn plan(a: &Array, u: &mut Unit) -> Result<()> {
     Ok(())
 }
 
+/// The parities a unit logs: as many as it has data strips on members out of service (each
+/// recovers one), on parity members that take writes, Online ones first.
+fn log_parities(a: &Array, u: &Unit, out: &[usize]) -> Vec<usize> {
+    let k = a.geo.group_data();
+    let lost = u.layout[..k].iter().filter(|m| out.contains(m)).count();
+    if lost == 0 {
+        return Vec::new();
+    }
+    let mut js: Vec<usize> = (0..u.layout.len() - k)
+        .filter(|&j| a.writable(u.layout[k + j]))
+        .collect();
+    js.sort_by_key(|&j| out.contains(&u.layout[k + j]));
+    js.truncate(lost);
+    js.sort_unstable();
+    js
+}
+
 /// Reads what every unit's plan needs, as one batch. Returns whether all reads succeeded.
 fn read_phase(a: &Array, units: &mut [Unit]) -> bool {
     let k = a.geo.group_data();
@@ -220,11 +250,48 @@ fn compute(a: &Array, units: &mut [Unit], data: &[u8]) {
     let np = a.geo.level.parity();
     for u in units.iter_mut() {
         match u.plan {
-            Plan::Full => compute_full(u, data, np),
-            Plan::Rmw => compute_rmw(u, data, np),
+            Plan::Full => {
+                u.partials = u.log.iter().map(|_| vec![0; u.span_len()]).collect();
+                compute_full(u, data, np)
+            }
+            Plan::Rmw => {
+                u.partials = u.log.iter().map(|&j| partial_rmw(u, j, np)).collect();
+                compute_rmw(u, data, np)
+            }
             Plan::Rcw | Plan::Rebuild => compute_rcw(u, data, np),
         }
     }
+}
+
+/// Read-modify-write: the old parity with the old data of the written ranges taken out.
+fn partial_rmw(u: &Unit, j: usize, np: usize) -> Vec<u8> {
+    let k = u.layout.len() - np;
+    let mut pp = u.span[k + j]
+        .as_ref()
+        .expect("the plan read parity")
+        .to_vec();
+    for (w, old) in u.writes.iter().zip(&u.old) {
+        let at = (w.at - u.lo) as usize;
+        let old = old.as_ref().expect("the plan read the old data");
+        add_share(j, w.index, old, &mut pp[at..at + w.len]);
+    }
+    pp
+}
+
+/// Reconstruct-write: the parity of the span's data strips (old, before the new data is copied
+/// in) over the bytes no write covers. A strip not read is written whole.
+fn partial_rcw(u: &Unit, j: usize, k: usize) -> Vec<u8> {
+    let mut pp = vec![0u8; u.span_len()];
+    for (i, b) in u.span[..k].iter().enumerate() {
+        let Some(b) = b else { continue };
+        add_share(j, i, b, &mut pp);
+        // Adding the written bytes a second time takes them out again.
+        for w in u.writes.iter().filter(|w| w.index == i) {
+            let at = (w.at - u.lo) as usize;
+            add_share(j, i, &b[at..at + w.len], &mut pp[at..at + w.len]);
+        }
+    }
+    pp
 }
 
 fn compute_full(u: &mut Unit, data: &[u8], np: usize) {
@@ -270,6 +337,7 @@ fn compute_rcw(u: &mut Unit, data: &[u8], np: usize) {
             .collect();
         recover(&mut strips, &u.missing, np);
     }
+    u.partials = u.log.iter().map(|&j| partial_rcw(u, j, k)).collect();
     for w in &u.writes {
         if let Some(b) = u.span[w.index].as_mut() {
             let at = (w.at - u.lo) as usize;
@@ -290,9 +358,9 @@ fn compute_rcw(u: &mut Unit, data: &[u8], np: usize) {
     gen_parity(&srcs, ppart, np);
 }
 
-/// Writes every unit's new data and parity, as one batch (through the journal while the pool
-/// is degraded).
-fn write_phase(a: &Array, units: &[Unit], data: &[u8]) -> Result<()> {
+/// Writes every unit's new data and parity, as one batch (after their partial parity is logged
+/// while the pool is degraded). Ok(false): the members out of service changed; plan again.
+fn write_phase(a: &Array, units: &[Unit], data: &[u8], planned: &[usize]) -> Result<bool> {
     let k = a.geo.group_data();
     let mut ops: Vec<Op> = Vec::new();
     for u in units {
@@ -312,12 +380,55 @@ fn write_phase(a: &Array, units: &[Unit], data: &[u8]) -> Result<()> {
         }
     }
     if !a.all_online() {
-        a.journaled_write(&mut ops)
+        let (stripes, records) = log_records(a, units, data, planned);
+        a.logged_write(planned, &stripes, records, &mut ops)
     } else {
-        a.retire_journal();
+        a.retire_log();
         a.run(&mut ops);
-        Ok(())
+        Ok(true)
     }
+}
+
+/// The units' log entries, per holder member, and the stripes they cover.
+type Records = (Vec<(u64, usize)>, Vec<(usize, Vec<LogEntry>)>);
+
+fn log_records(a: &Array, units: &[Unit], data: &[u8], out: &[usize]) -> Records {
+    let k = a.geo.group_data();
+    let mut stripes = Vec::new();
+    let mut records: Vec<(usize, Vec<LogEntry>)> = Vec::new();
+    for u in units.iter().filter(|u| !u.log.is_empty()) {
+        stripes.push((u.row, u.group));
+        for (&j, partial) in u.log.iter().zip(&u.partials) {
+            let writes = u
+                .writes
+                .iter()
+                .map(|w| LogWrite {
+                    index: w.index,
+                    at: w.at,
+                    len: w.len,
+                    data: out
+                        .contains(&u.layout[w.index])
+                        .then(|| w.data(data).to_vec()),
+                })
+                .collect();
+            let e = LogEntry {
+                row: u.row,
+                group: u.group,
+                parity: j,
+                set: u.log.iter().map(|&j| 1u8 << j).sum(),
+                lo: u.lo,
+                hi: u.hi,
+                writes,
+                partial: partial.clone(),
+            };
+            let holder = u.layout[k + j];
+            match records.iter_mut().find(|r| r.0 == holder) {
+                Some(r) => r.1.push(e),
+                None => records.push((holder, vec![e])),
+            }
+        }
+    }
+    (stripes, records)
 }
 
 /// Where a buffer lent to the ring comes back to: a unit's span or old-data slot.
@@ -367,7 +478,7 @@ fn planned_reads(a: &Array, ui: usize, u: &Unit) -> Vec<(usize, u64, Slot)> {
 
 /// A parity write on this core's ring: the plan's reads as one batch, parity computed when they
 /// complete, then data and parity as one batch, straight from the request's buffer. Only for a
-/// pool with every member online (no journal). Ok(false): a member failed; plan again.
+/// pool with every member online (no log). Ok(false): a member failed; plan again.
 pub(super) async fn write_on_ring(
     a: &Array,
     drives: &Drives,
@@ -383,7 +494,7 @@ pub(super) async fn write_on_ring(
         }
         if matches!(u.plan, Plan::Rebuild) {
             // A member left service since the request was placed: the blocking engine (and its
-            // journal) handles degraded writes.
+            // log) handles degraded writes.
             return (Ok(false), data);
         }
     }
@@ -425,7 +536,7 @@ pub(super) async fn write_on_ring(
             });
         }
     }
-    a.retire_journal();
+    a.retire_log();
     // A member whose write fails leaves service; the write stands while the pool survives.
     ring_batch(a, drives, &mut units, writes, Some((extra, sent)), fua).await;
     let data = data

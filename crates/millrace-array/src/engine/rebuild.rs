@@ -1,5 +1,6 @@
 //! Rebuild: the generic loops that bring members in state Rebuilding up to date, row by row or a
-//! window of rows at a time, under the rows' locks; the strategy rebuilds each group.
+//! window of rows at a time (two windows in flight, `rebuild_pipelined`), under the rows' locks;
+//! the strategy rebuilds each group.
 
 use std::sync::atomic::Ordering;
 
@@ -69,9 +70,29 @@ impl Array {
         Ok(true)
     }
 
-    /// Rows per rebuild batch: about 1 MiB of each member, large sequential I/O for every drive.
+    /// Rows per rebuild batch: about 1 MiB of each member, large sequential I/O for every drive
+    /// (unless set with `set_rebuild_batch_rows`).
     pub fn rebuild_batch_rows(&self) -> u64 {
-        ((1 << 20) / self.geo.strip).max(1)
+        match self.rebuild_batch.load(Ordering::Relaxed) {
+            0 => ((1 << 20) / self.geo.strip).max(1),
+            n => n,
+        }
+    }
+
+    /// (smallest, first, largest) rows per batch of an adaptive rebuild: from an eighth of the
+    /// default batch under client load to four times it idle; exactly the rows set with
+    /// `set_rebuild_batch_rows`.
+    pub fn rebuild_batch_bounds(&self) -> (u64, u64, u64) {
+        let n = self.rebuild_batch_rows();
+        if self.rebuild_batch.load(Ordering::Relaxed) != 0 {
+            return (n, n, n);
+        }
+        ((n / 8).max(1), n, n * 4)
+    }
+
+    /// Sets the rows per rebuild batch (0: the default), for tests that want many batches.
+    pub fn set_rebuild_batch_rows(&self, rows: u64) {
+        self.rebuild_batch.store(rows, Ordering::Relaxed);
     }
 
     /// Rebuilds rows `first..first + count` as one batch: one contiguous read per surviving
@@ -80,56 +101,103 @@ impl Array {
     /// [`Array::rebuild_row`] row by row where the window is not uniform (a member part-way
     /// through its own rebuild inside it) or an I/O fails.
     pub fn rebuild_rows(&self, first: u64, count: u64) -> Result<()> {
-        let geo = self.geo;
-        let count = count.min(geo.rows().saturating_sub(first));
-        if count <= 1 {
-            return if count == 1 {
-                self.rebuild_row(first)
-            } else {
-                Ok(())
-            };
+        let count = count.min(self.geo.rows().saturating_sub(first));
+        self.finish_window(self.load_window(first, count))
+    }
+
+    /// Rebuilds from row `start` as a pipeline of two batches: while one batch's parity is
+    /// computed and its targets written, the next batch's reads are in flight (on a reader
+    /// thread with its own ring), so every drive stays busy. `between` runs after each batch
+    /// with the row reached and returns the next batch's rows (0: stop). Returns the row
+    /// reached.
+    pub fn rebuild_pipelined(
+        &self,
+        start: u64,
+        first_count: u64,
+        mut between: impl FnMut(u64) -> u64,
+    ) -> Result<u64> {
+        // Two windows in flight lock disjoint shards (see `locks`), so the reader never waits
+        // on a window the finisher holds, nor the other way round.
+        let cap = (super::locks::SHARDS / 2) as u64;
+        let rows = self.geo.rows();
+        let mut at = start.min(rows);
+        let mut count = first_count.clamp(1, cap).min(rows - at);
+        if count == 0 {
+            return Ok(at);
         }
-        let targets = self.rebuild_targets(first);
-        if targets.is_empty() {
-            return Ok(());
+        std::thread::scope(|s| {
+            let (ask, asked) = std::sync::mpsc::channel::<(u64, u64)>();
+            let (give, given) = std::sync::mpsc::channel::<Loaded>();
+            s.spawn(move || {
+                for (f, c) in asked {
+                    if give.send(self.load_window(f, c)).is_err() {
+                        break;
+                    }
+                }
+            });
+            ask.send((at, count))
+                .expect("the reader lives as long as the scope");
+            let mut size = count;
+            loop {
+                let cur = given.recv().expect("the reader answers every request");
+                let next_at = at + count;
+                let next = size.min(cap).min(rows - next_at);
+                if next > 0 {
+                    ask.send((next_at, next)).expect("the reader lives");
+                }
+                self.finish_window(cur)?;
+                size = between(next_at);
+                if next == 0 || size == 0 {
+                    // A batch read ahead but not wanted is dropped with its locks, unwritten.
+                    return Ok(next_at);
+                }
+                (at, count) = (next_at, next);
+            }
+        })
+    }
+
+    /// Locks and reads a window (see `rebuild_rows`), or says to go row by row.
+    fn load_window(&self, first: u64, count: u64) -> Loaded<'_> {
+        let geo = self.geo;
+        let mut l = Loaded {
+            first,
+            count,
+            targets: self.rebuild_targets(first),
+            guard: None,
+            groups: Vec::new(),
+            error: None,
+        };
+        if count <= 1 || l.targets.is_empty() {
+            return l;
         }
         // Every other member must be plainly in or out of service across the whole window.
         let uniform = (0..geo.members).all(|m| {
-            targets.contains(&m) || self.readable(m, first) == self.readable(m, first + count - 1)
+            l.targets.contains(&m) || self.readable(m, first) == self.readable(m, first + count - 1)
         });
-        let whole = uniform && {
-            let fs = geo.full_stripe_bytes();
-            let _g = self.lock_rows(first * fs, count * fs);
-            self.rebuild_window_groups(first, count, &targets)?
-        };
-        if !whole {
-            return (first..first + count).try_for_each(|r| self.rebuild_row(r));
+        if !uniform {
+            return l;
         }
-        self.advance_rebuilt(&targets, first + count);
-        self.offline_or_ok()
-    }
-
-    /// Rebuilds a window in every group holding a target. Ok(false): a read failed.
-    fn rebuild_window_groups(&self, first: u64, count: u64, targets: &[usize]) -> Result<bool> {
-        let geo = self.geo;
+        let fs = geo.full_stripe_bytes();
+        l.guard = Some(self.lock_rows(first * fs, count * fs));
         for group in 0..geo.groups() {
             let members: Vec<usize> = geo.group_members(group).collect();
-            if !targets.iter().any(|t| members.contains(t)) {
+            if !l.targets.iter().any(|t| members.contains(t)) {
                 continue;
             }
             let sources: Vec<usize> = members
                 .iter()
                 .copied()
-                .filter(|&m| !targets.contains(&m) && self.readable(m, first))
+                .filter(|&m| !l.targets.contains(&m) && self.readable(m, first))
                 .collect();
             let lost = members.len() - sources.len();
             let tolerance = geo.tolerance_per_group();
             if sources.is_empty() || lost > tolerance {
-                return Err(ArrayError::Offline {
+                l.error = Some(ArrayError::Offline {
                     group,
                     lost,
                     tolerance,
                 });
+                return l;
             }
             let w = Window {
                 first,
@@ -137,17 +205,23 @@ impl Array {
                 group,
                 members: &members,
                 sources: &sources,
-                targets,
+                targets: &l.targets,
             };
-            if !self.rebuild_window(&w) {
-                return Ok(false);
+            match self.read_window(&w) {
+                Some(bufs) => l.groups.push((group, members, sources, bufs)),
+                None => {
+                    // A read failed: row by row, planning around the member that failed.
+                    l.guard = None;
+                    l.groups.clear();
+                    return l;
+                }
             }
         }
-        Ok(true)
+        l
     }
 
-    /// One group's window: read the strategy's readers, let it fill the targets, write them.
-    fn rebuild_window(&self, w: &Window) -> bool {
+    /// One group's window: the strategy's readers, read. None: a read failed.
+    fn read_window(&self, w: &Window) -> Option<Vec<AlignedBuf>> {
         let span = self.geo.strip as usize * w.count as usize;
         let off = self.member_offset(w.first, 0);
         // One buffer per group member, indexed by position in `members`.
@@ -163,20 +237,64 @@ impl Array {
             .filter(|(_, m)| readers.contains(m))
             .map(|(b, &m)| Op::read(m, off, b))
             .collect();
-        if !self.run(&mut ops) {
-            return false;
+        let ok = self.run(&mut ops);
+        drop(ops);
+        if ok {
+            Some(bufs)
+        } else {
+            crate::aligned::recycle(bufs);
+            None
         }
-        drop(ops);
-        self.layout.rebuild_window(self, w, &mut bufs);
-        let mut ops: Vec<Op> = bufs
-            .iter()
-            .zip(w.members)
-            .filter(|(_, m)| w.targets.contains(m))
-            .map(|(b, &m)| Op::write(m, off, b))
-            .collect();
-        self.run(&mut ops);
-        drop(ops);
-        crate::aligned::recycle(bufs);
-        true
     }
+
+    /// Computes a loaded window's targets and writes them, then moves their checkpoint.
+    fn finish_window(&self, l: Loaded) -> Result<()> {
+        if let Some(e) = l.error {
+            return Err(e);
+        }
+        if l.targets.is_empty() || l.count == 0 {
+            return Ok(());
+        }
+        if l.guard.is_none() {
+            return (l.first..l.first + l.count).try_for_each(|r| self.rebuild_row(r));
+        }
+        let off = self.member_offset(l.first, 0);
+        for (group, members, sources, mut bufs) in l.groups {
+            let w = Window {
+                first: l.first,
+                count: l.count,
+                group,
+                members: &members,
+                sources: &sources,
+                targets: &l.targets,
+            };
+            self.layout.rebuild_window(self, &w, &mut bufs);
+            let mut ops: Vec<Op> = bufs
+                .iter()
+                .zip(w.members)
+                .filter(|(_, m)| w.targets.contains(m))
+                .map(|(b, &m)| Op::write(m, off, b))
+                .collect();
+            self.run(&mut ops);
+            drop(ops);
+            crate::aligned::recycle(bufs);
+        }
+        drop(l.guard);
+        self.advance_rebuilt(&l.targets, l.first + l.count);
+        self.offline_or_ok()
+    }
+}
+
+/// One group's part of a loaded window: (group, its members, the sources, a buffer per member).
+type GroupRead = (usize, Vec<usize>, Vec<usize>, Vec<AlignedBuf>);
+
+/// A rebuild window read under its rows' locks, waiting for its parity and writes; without a
+/// guard it is rebuilt row by row.
+struct Loaded<'a> {
+    first: u64,
+    count: u64,
+    targets: Vec<usize>,
+    guard: Option<super::locks::RowGuard<'a>>,
+    groups: Vec<GroupRead>,
+    error: Option<ArrayError>,
 }

@@ -1,5 +1,5 @@
 //! The write path: checks, row locks and the write-intent bitmap, unaligned edges, and the
-//! cut of a degraded parity write into pieces the journal holds; the strategy plans and issues
+//! cut of a degraded parity write into pieces whose log records fit a slot; the strategy plans and issues
 //! each attempt.
 
 use std::sync::atomic::Ordering;
@@ -59,13 +59,12 @@ impl Array {
     }
 
     /// Writes whole sectors; the caller holds the rows' locks. While a parity pool is degraded
-    /// every write goes through the journal, so it is cut at row boundaries into pieces whose
-    /// records fit there.
+    /// its writes are logged, so they are cut at row boundaries into pieces whose records fit a
+    /// log slot.
     fn write_sectors(&self, offset: u64, data: &[u8]) -> Result<()> {
-        if self.geo.level.is_parity() && !self.all_online() {
-            let cap = crate::journal::capacity(self.data_offset);
-            // Worst case per row: every member's strip, plus room for the header and table.
-            let rows = cap.saturating_sub(64 << 10) / (self.geo.members as u64 * self.geo.strip);
+        if let Some(area) = self.log.area.filter(|_| !self.all_online()) {
+            let row = crate::ppl::row_bytes(self.geo.group_data(), self.geo.strip);
+            let rows = area.slot_bytes.saturating_sub(3 * 4096) / row;
             if rows > 0 {
                 let fs = self.geo.full_stripe_bytes();
                 let end = offset + data.len() as u64;
