@@ -14,18 +14,17 @@
 //!   invalidate, so the host need not invalidate its key itself. Small writes may carry their
 //!   data in the capsule (SGL data block, offset subtype) on I/O queues.
 //!
+//! Proved with the stock Linux host on soft-RoCE by `tests/guest/nvme-rdma-serve.sh` (`millrace
+//! serve --nvme-rdma`: discovery, connect, fio with verify across a drive failure, reconnect, a
+//! host refused) and `tests/guest/nvme-rdma.sh` (the transport alone, `examples/rdma_refuse.rs`);
+//! `tests/session.rs` holds the target's side to its refusals without any RDMA device.
+//!
 //! The pieces: [`wire`] (private data, SGLs), [`accept`] (the connect decision), [`sizing`]
 //! (queue resources, work ids), [`regpool`] (the data pool registered once per device),
-//! [`queue`] (one queue pair's loop), [`port`] (the listener and accept path), and
-//! [`commands`], the seam to the target's command handling (one implementation per queue).
-//!
-//! Status: the seam is not yet implemented by the target (its split into transport and command
-//! handling is landing), so `millrace serve --nvme-rdma` does not exist yet. [`queue`] and
-//! [`port`] have carried the Linux host's Connect end to end (`examples/rdma_refuse.rs`, run by
-//! `tests/guest/nvme-rdma.sh`: CM accept with private data, the capsule by SEND, its data by
-//! RDMA READ of the host's keyed SGL, the refusal by SEND with invalidate, which the host
-//! reports as "not allowed"), but no RDMA WRITE of read data and no I/O yet; the same test
-//! holds the kernel's nvmet-rdma to the I/O checks meanwhile.
+//! [`queue`] (one queue pair's loop), [`port`] (the listener and accept path), [`commands`],
+//! the seam to the target's command handling, [`session`], which implements it over the
+//! target's transport-agnostic `millrace_nvmf::Session`, and [`serve`], which serves a
+//! `millrace_nvmf::Target` (`millrace serve --nvme-rdma ADDR:PORT`).
 
 pub mod accept;
 pub mod commands;
@@ -33,5 +32,7 @@ pub mod port;
 pub mod queue;
 mod queue_io;
 pub mod regpool;
+pub mod serve;
+pub mod session;
 pub mod sizing;
 pub mod wire;

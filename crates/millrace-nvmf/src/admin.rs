@@ -3,7 +3,7 @@
 //! and the NVMe over Fabrics specification.
 
 use crate::cmd::{admin, prop, Sqe, Status};
-use crate::target::{Controller, Inner, Ns, AERL, DISCOVERY_NQN};
+use crate::model::{Controller, Inner, Ns, Transport, TransportInfo, AERL, DISCOVERY_NQN};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 
@@ -28,6 +28,8 @@ pub(crate) struct Ctx<'a> {
     pub ctrl: &'a Controller,
     /// This connection's local address (the discovery log names it when listening on any).
     pub local: Option<SocketAddr>,
+    /// What carries the queue: Identify reports its SGL support and capsule sizes.
+    pub transport: TransportInfo,
 }
 
 pub(crate) struct Reply {
@@ -191,13 +193,19 @@ pub(crate) fn identify_controller(x: &Ctx) -> Vec<u8> {
         b[525] = 1; // VWC: a volatile write cache, so hosts send Flush
         put32(&mut b, 540, 1024); // MNAN
     }
-    // SGLS: SGLs supported, any alignment; address as offset (in-capsule data).
-    put32(&mut b, 536, 1 | 1 << 20);
+    // SGLS: SGLs supported, any alignment; address as offset (in-capsule data). Over RDMA
+    // also keyed SGL data blocks (the host's memory by key), which the Linux host requires.
+    let keyed = if x.transport.kind == Transport::Rdma {
+        1 << 2
+    } else {
+        0
+    };
+    put32(&mut b, 536, 1 | keyed | 1 << 20);
     put_nqn(&mut b[768..1024], &s.nqn);
     let icd = if x.ctrl.subsys.discovery {
         0
     } else {
-        t.cfg.in_capsule_bytes
+        x.transport.in_capsule
     };
     put32(&mut b, 1792, (64 + icd) / 16); // IOCCSZ
     put32(&mut b, 1796, 1); // IORCSZ
@@ -383,16 +391,18 @@ pub(crate) fn discovery_log(x: &Ctx) -> Vec<u8> {
             .map(|s| s.nqn.clone())
             .collect();
     subs.sort();
-    let ports: Vec<(u16, SocketAddr)> = x.t.ports.lock().iter().map(|p| (p.id, p.addr)).collect();
+    let ports: Vec<(u16, SocketAddr, Transport)> = (x.t.ports.lock().iter())
+        .map(|p| (p.id, p.addr, p.transport))
+        .collect();
     let n = subs.len() * ports.len();
     let mut b = vec![0u8; 1024 * (n + 1)];
     put64(&mut b, 0, x.t.genctr.load(Ordering::Relaxed));
     put64(&mut b, 8, n as u64);
     let mut at = 1024;
     for nqn in &subs {
-        for (id, addr) in &ports {
+        for (id, addr, transport) in &ports {
             let e = &mut b[at..at + 1024];
-            e[0] = 3; // TRTYPE: TCP
+            e[0] = transport.trtype();
             let mut ip = addr.ip();
             if ip.is_unspecified() {
                 // Listening on any address: name the one this host reached us on.
@@ -409,6 +419,12 @@ pub(crate) fn discovery_log(x: &Ctx) -> Vec<u8> {
             put_str(&mut e[32..64], &addr.port().to_string());
             put_nqn(&mut e[256..512], nqn);
             put_str(&mut e[512..768], &ip.to_string());
+            if *transport == Transport::Rdma {
+                // TSAS for RDMA: reliable connected, no provider named, RDMA CM.
+                e[768] = 1;
+                e[769] = 1;
+                e[770] = 1;
+            }
             // TSAS for TCP: SECTYPE 0 (no security).
             at += 1024;
         }

@@ -6,11 +6,11 @@
 use crate::cmd::{
     admin, fctype, io, prop, ConnectData, Cqe, DsmRange, Sgl, Sqe, Status, CONNECT_DATA_LEN,
 };
+use crate::model::DISCOVERY_NQN;
 use crate::pdu::{
     self, encode, read_data, read_head, skip_data, DataHdr, Head, IcReq, Negotiated, ReadError,
     Side,
 };
-use crate::target::DISCOVERY_NQN;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -22,15 +22,27 @@
 //! # }
 //! ```
 
+// The layers, each using only those below it:
+//   wire:       `cmd` (commands, statuses), `pdu` (NVMe/TCP framing)
+//   model:      subsystems, namespaces, controllers, counters (`model`)
+//   commands:   `admin` (admin commands), `io_commands` (the NVM command set)
+//   session:    one queue's command handling, transport-agnostic (`session`)
+//   transport:  NVMe/TCP (`tcp`); NVMe/RDMA lives in millrace-nvmf-rdma, over `Session`
+//   target:     the public API and the TCP accept loop (`target`)
 mod admin;
 pub mod cmd;
-mod conn;
 pub mod initiator;
+pub mod io_commands;
+mod model;
 pub mod pdu;
+pub mod session;
 mod target;
+mod tcp;
 
 pub use admin::{FIRMWARE, MAX_DEALLOCATE_BYTES, NVME_VERSION};
-pub use target::{
-    Error, HostInfo, Namespace, NamespaceInfo, Stats, SubsystemConfig, SubsystemInfo, Target,
-    TargetConfig, DEFAULT_DISCOVERY_PORT, DEFAULT_IO_PORT, DISCOVERY_NQN,
+pub use model::{
+    Completer, Error, HostInfo, Namespace, NamespaceInfo, Stats, SubsystemConfig, SubsystemInfo,
+    TargetConfig, Transport, TransportInfo, DEFAULT_DISCOVERY_PORT, DEFAULT_IO_PORT, DISCOVERY_NQN,
 };
+pub use session::{Action, ErrorCounter, Session};
+pub use target::{ListenerGuard, Target};

@@ -1,0 +1,530 @@
+//! What the target holds, whatever transport carries its queues: subsystems and their
+//! namespaces, controllers (one per admin queue), ports, the discovery subsystem, limits and
+//! counters. Lookups here happen at Connect time and on the control path; the data path reads
+//! namespaces through an `ArcSwap` (no lock) and counts with relaxed atomics. Nothing here knows
+//! a transport's framing: a controller completes parked commands through a [`Completer`] its
+//! admin queue's transport gave it.
+
+use crate::cmd::{Cqe, Status};
+use arc_swap::ArcSwap;
+use millrace_block::BlockDevice;
+use parking_lot::{Mutex, RwLock};
+use std::collections::{HashMap, VecDeque};
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+/// The well-known NQN of a discovery subsystem.
+pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
+/// The standard ports: NVMe/TCP I/O and the discovery service.
+pub const DEFAULT_IO_PORT: u16 = 4420;
+pub const DEFAULT_DISCOVERY_PORT: u16 = 8009;
+
+/// The transports a queue may arrive on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Transport {
+    Tcp,
+    Rdma,
+}
+
+impl Transport {
+    /// The name nvme-cli uses (`-t tcp`, `-t rdma`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Tcp => "tcp",
+            Transport::Rdma => "rdma",
+        }
+    }
+    /// TRTYPE in the discovery log.
+    pub(crate) fn trtype(self) -> u8 {
+        match self {
+            Transport::Rdma => 1,
+            Transport::Tcp => 3,
+        }
+    }
+}
+
+/// What carries a session's queue, as Identify Controller reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TransportInfo {
+    pub kind: Transport,
+    /// In-capsule data bytes an I/O queue takes (IOCCSZ is 64 bytes more, in 16-byte units).
+    pub in_capsule: u32,
+}
+
+/// Completes a parked command (an Async Event Request) on the admin queue it came from, from
+/// any task: true when the completion was taken, false when the queue cannot take it now (the
+/// event then waits for the next request).
+pub type Completer = Arc<dyn Fn(Cqe) -> bool + Send + Sync>;
+
+/// Errors of the target's management API. They are sentences meant for an operator.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("a subsystem named {0} already exists")]
+    SubsystemExists(String),
+    #[error("no subsystem is named {0}")]
+    NoSuchSubsystem(String),
+    #[error("subsystem {nqn} already has a namespace {nsid}")]
+    NamespaceExists { nqn: String, nsid: u32 },
+    #[error("subsystem {nqn} has no namespace {nsid}")]
+    NoSuchNamespace { nqn: String, nsid: u32 },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Limits and timeouts of the target. Every buffer the target allocates is bounded by these.
+#[derive(Clone, Debug)]
+pub struct TargetConfig {
+    /// Most I/O queues one controller may have.
+    pub max_io_queues: u16,
+    /// Most entries in an I/O queue (CAP.MQES + 1) and commands in flight on it.
+    pub max_queue_depth: u16,
+    /// Most entries in an admin queue.
+    pub admin_queue_depth: u16,
+    /// Most data bytes in one H2CData PDU (MAXH2CDATA in ICResp).
+    pub maxh2cdata: u32,
+    /// In-capsule data an I/O queue accepts (admin queues always take 8 KiB, as hosts expect).
+    pub in_capsule_bytes: u32,
+    /// Largest data transfer of one command (MDTS); a power of two times 4 KiB.
+    pub max_transfer_bytes: u32,
+    /// Added to the host's keep-alive timeout before a silent controller is torn down.
+    pub keep_alive_grace: Duration,
+    /// All data buffers of all connections together (reads and writes awaiting data).
+    pub max_buffer_bytes: u64,
+    /// Most connections at once; further ones are closed at once.
+    pub max_connections: usize,
+    /// Grant header and data digests when a host asks for them.
+    pub allow_digests: bool,
+}
+
+impl Default for TargetConfig {
+    fn default() -> Self {
+        TargetConfig {
+            max_io_queues: 64,
+            max_queue_depth: 128,
+            admin_queue_depth: 32,
+            maxh2cdata: 128 * 1024,
+            in_capsule_bytes: 8192,
+            max_transfer_bytes: 1 << 20,
+            keep_alive_grace: Duration::from_secs(5),
+            max_buffer_bytes: 512 << 20,
+            max_connections: 4096,
+            allow_digests: true,
+        }
+    }
+}
+
+/// A namespace to export: a block device under a namespace id, with stable identifiers (hosts
+/// use them to recognise the namespace across reconnects and paths).
+#[derive(Clone)]
+pub struct Namespace {
+    pub nsid: u32,
+    pub dev: Arc<dyn BlockDevice>,
+    pub uuid: [u8; 16],
+    pub nguid: [u8; 16],
+}
+
+/// A subsystem to export. Closed by default: only `allowed_hosts` may connect unless
+/// `allow_any_host` says otherwise.
+#[derive(Clone)]
+pub struct SubsystemConfig {
+    pub nqn: String,
+    pub serial: String,
+    pub model: String,
+    pub namespaces: Vec<Namespace>,
+    pub allowed_hosts: Vec<String>,
+    pub allow_any_host: bool,
+}
+
+/// A subsystem as the API and dashboard see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubsystemInfo {
+    pub nqn: String,
+    pub serial: String,
+    pub model: String,
+    pub namespaces: Vec<NamespaceInfo>,
+    pub allowed_hosts: Vec<String>,
+    pub allow_any_host: bool,
+    pub hosts: Vec<HostInfo>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamespaceInfo {
+    pub nsid: u32,
+    pub size_bytes: u64,
+    pub block_bytes: u32,
+}
+
+/// A connected host (one controller).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostInfo {
+    pub hostnqn: String,
+    pub cntlid: u16,
+    pub peer: SocketAddr,
+    pub io_queues: usize,
+    pub transport: Transport,
+}
+
+/// Counters for Prometheus and the dashboard.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub connections_open: u64,
+    pub connections_total: u64,
+    pub connections_refused: u64,
+    pub controllers: u64,
+    pub commands: u64,
+    pub read_commands: u64,
+    pub write_commands: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub errors: u64,
+    pub protocol_errors: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub connections_open: AtomicU64,
+    pub connections_total: AtomicU64,
+    pub connections_refused: AtomicU64,
+    pub commands: AtomicU64,
+    pub errors: AtomicU64,
+    pub protocol_errors: AtomicU64,
+}
+
+/// Per-subsystem I/O counters (the SMART log reports them).
+#[derive(Default)]
+pub(crate) struct IoCounters {
+    pub read_commands: AtomicU64,
+    pub write_commands: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+}
+
+/// A namespace with its derived geometry.
+pub(crate) struct Ns {
+    pub nsid: u32,
+    pub dev: Arc<dyn BlockDevice>,
+    pub uuid: [u8; 16],
+    pub nguid: [u8; 16],
+    /// log2 of the logical block size.
+    pub lba_shift: u32,
+    pub blocks: u64,
+    /// Preferred write granularity in blocks (0: none reported).
+    pub pref_blocks: u64,
+    /// The device's minimum efficient write in blocks (a strip), at most `pref_blocks`.
+    pub min_blocks: u64,
+}
+
+impl Ns {
+    pub fn new(n: Namespace) -> Result<Ns, Error> {
+        if n.nsid == 0 || n.nsid == u32::MAX {
+            return Err(Error::Invalid(format!(
+                "namespace id {} is reserved; use 1 to {}",
+                n.nsid,
+                u32::MAX - 1
+            )));
+        }
+        let bb = n.dev.block_bytes();
+        // NVMe formats start at 512 bytes; anything odd falls back to 4 KiB.
+        let block = if bb.is_power_of_two() && (512..=65536).contains(&bb) {
+            bb
+        } else {
+            4096
+        };
+        let lba_shift = block.trailing_zeros();
+        let blocks = n.dev.size_bytes() >> lba_shift;
+        if blocks == 0 {
+            return Err(Error::Invalid(format!(
+                "namespace {} is smaller than one {block}-byte block",
+                n.nsid
+            )));
+        }
+        let pref = n.dev.preferred_io_bytes();
+        let pref_blocks = if pref >= block as u64 && pref.is_multiple_of(block as u64) {
+            pref >> lba_shift
+        } else {
+            0
+        };
+        let min = n.dev.min_io_bytes();
+        let min_blocks = if min >= block as u64
+            && min.is_multiple_of(block as u64)
+            && pref_blocks > 0
+            && (pref >> lba_shift).is_multiple_of(min >> lba_shift)
+        {
+            min >> lba_shift
+        } else {
+            pref_blocks
+        };
+        Ok(Ns {
+            nsid: n.nsid,
+            dev: n.dev,
+            uuid: n.uuid,
+            nguid: n.nguid,
+            lba_shift,
+            blocks,
+            pref_blocks,
+            min_blocks,
+        })
+    }
+    pub fn block_bytes(&self) -> u32 {
+        1 << self.lba_shift
+    }
+}
+
+pub(crate) struct Subsystem {
+    pub nqn: String,
+    pub serial: String,
+    pub model: String,
+    /// Changed in place by [`Target::set_allowed_hosts`]; read at Connect and discovery only.
+    pub allowed_hosts: RwLock<Vec<String>>,
+    pub allow_any_host: bool,
+    pub discovery: bool,
+    /// Sorted by nsid. Swapped whole on change so the data path never locks.
+    pub namespaces: ArcSwap<Vec<Arc<Ns>>>,
+    pub controllers: Mutex<Controllers>,
+    pub io: IoCounters,
+}
+
+#[derive(Default)]
+pub(crate) struct Controllers {
+    pub by_id: HashMap<u16, Arc<Controller>>,
+    pub next: u16,
+}
+
+impl Subsystem {
+    pub fn ns(&self, nsid: u32) -> Option<Arc<Ns>> {
+        let v = self.namespaces.load();
+        v.binary_search_by_key(&nsid, |n| n.nsid)
+            .ok()
+            .map(|i| v[i].clone())
+    }
+    pub fn host_allowed(&self, hostnqn: &str) -> bool {
+        self.allow_any_host || self.allowed_hosts.read().iter().any(|h| h == hostnqn)
+    }
+    pub fn kill_controllers(&self) {
+        let all: Vec<_> = self.controllers.lock().by_id.values().cloned().collect();
+        for c in all {
+            c.dead.cancel();
+        }
+    }
+    /// Tells every controller that the namespace list changed.
+    pub fn namespaces_changed(&self, nsid: u32) {
+        let all: Vec<_> = self.controllers.lock().by_id.values().cloned().collect();
+        for c in all {
+            c.changed_ns(nsid);
+        }
+    }
+}
+
+/// Asynchronous event information: a notice (type 2) that the namespace list changed
+/// (information 0, log page 4), or that the discovery log changed (information F0h, log 70h).
+pub(crate) const AEN_NS_CHANGED: u32 = 0x02 | (0x04 << 16);
+pub(crate) const AEN_DISCOVERY_CHANGED: u32 = 0x02 | (0xf0 << 8) | (0x70 << 16);
+/// Async Event Configuration bits enabling those notices.
+const AEC_NS_ATTR: u32 = 1 << 8;
+const AEC_DISCOVERY: u32 = 1 << 31;
+/// Async Event Request Limit (zero-based, as Identify reports it).
+pub(crate) const AERL: u8 = 3;
+
+pub(crate) struct AenState {
+    pub config: u32,
+    /// Events not yet reported, waiting for an Async Event Request.
+    pub pending: VecDeque<u32>,
+    /// Async Event Requests waiting for an event (their command ids).
+    pub waiting: VecDeque<u16>,
+    /// The admin queue's way out, to complete a waiting request from anywhere.
+    pub tx: Option<Completer>,
+}
+
+pub(crate) struct Regs {
+    pub cc: u32,
+    pub csts: u32,
+}
+
+/// One controller: created by an admin-queue Connect, gone when its admin queue closes or its
+/// keep-alive timer runs out.
+pub(crate) struct Controller {
+    pub cntlid: u16,
+    pub subsys: Arc<Subsystem>,
+    pub hostnqn: String,
+    pub hostid: [u8; 16],
+    pub peer: SocketAddr,
+    pub transport: Transport,
+    pub regs: Mutex<Regs>,
+    pub enabled: AtomicBool,
+    pub kato_ms: AtomicU32,
+    /// Milliseconds since the target's epoch of the last command on any of its queues.
+    pub last_seen: AtomicU64,
+    /// I/O queues granted by Set Features (Number of Queues).
+    pub io_queues: AtomicU16,
+    pub io_qids: Mutex<Vec<u16>>,
+    pub aen: Mutex<AenState>,
+    pub changed: Mutex<Vec<u32>>,
+    pub dead: CancellationToken,
+}
+
+impl Controller {
+    pub fn touch(&self, t: &Inner) {
+        self.last_seen.store(t.now_ms(), Ordering::Relaxed);
+    }
+    fn changed_ns(&self, nsid: u32) {
+        {
+            let mut c = self.changed.lock();
+            // The log holds 1024 entries; past that the spec says report 0xFFFFFFFF alone.
+            if c.len() < 1024 && !c.contains(&nsid) {
+                c.push(nsid);
+            } else if c.len() >= 1024 {
+                *c = vec![u32::MAX];
+            }
+        }
+        self.event(AEN_NS_CHANGED, AEC_NS_ATTR);
+    }
+    /// Reports an asynchronous event if the host enabled it.
+    pub fn event(&self, info: u32, enable_bit: u32) {
+        let mut a = self.aen.lock();
+        if a.config & enable_bit == 0 {
+            return;
+        }
+        if let (Some(cid), Some(tx)) = (a.waiting.front().copied(), a.tx.clone()) {
+            if tx(Cqe::new(cid, Status::SUCCESS, info as u64)) {
+                a.waiting.pop_front();
+                return;
+            }
+        }
+        if !a.pending.contains(&info) && a.pending.len() < 16 {
+            a.pending.push_back(info);
+        }
+    }
+}
+
+pub(crate) struct Port {
+    pub id: u16,
+    pub addr: SocketAddr,
+    pub transport: Transport,
+}
+
+pub(crate) struct Inner {
+    pub cfg: TargetConfig,
+    pub subsystems: RwLock<HashMap<String, Arc<Subsystem>>>,
+    pub discovery: Arc<Subsystem>,
+    pub ports: Mutex<Vec<Port>>,
+    pub genctr: AtomicU64,
+    pub counters: Counters,
+    pub buffers: Arc<Semaphore>,
+    pub epoch: Instant,
+    pub shutdown: CancellationToken,
+}
+
+/// Buffers are accounted in 4 KiB units (so the semaphore's count fits its limit).
+pub(crate) const BUF_UNIT: u64 = 4096;
+
+impl Inner {
+    pub fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+    pub fn lookup(&self, nqn: &str) -> Option<Arc<Subsystem>> {
+        if nqn == DISCOVERY_NQN {
+            return Some(self.discovery.clone());
+        }
+        self.subsystems.read().get(nqn).cloned()
+    }
+    /// Creates a controller in `s` and starts its keep-alive watch.
+    pub fn new_controller(
+        self: &Arc<Self>,
+        s: &Arc<Subsystem>,
+        hostnqn: &str,
+        hostid: [u8; 16],
+        peer: SocketAddr,
+        transport: Transport,
+        kato_ms: u32,
+    ) -> Option<Arc<Controller>> {
+        let mut cs = s.controllers.lock();
+        // Dynamic controller ids run 1..=0xFFEF; 0xFFF0 and up are reserved.
+        let mut id = None;
+        for _ in 0..0xffef {
+            cs.next = if cs.next >= 0xffef { 1 } else { cs.next + 1 };
+            if !cs.by_id.contains_key(&cs.next) {
+                id = Some(cs.next);
+                break;
+            }
+        }
+        let cntlid = id?;
+        let c = Arc::new(Controller {
+            cntlid,
+            subsys: s.clone(),
+            hostnqn: hostnqn.to_owned(),
+            hostid,
+            peer,
+            transport,
+            regs: Mutex::new(Regs { cc: 0, csts: 0 }),
+            enabled: AtomicBool::new(false),
+            kato_ms: AtomicU32::new(kato_ms),
+            last_seen: AtomicU64::new(self.now_ms()),
+            io_queues: AtomicU16::new(self.cfg.max_io_queues),
+            io_qids: Mutex::new(Vec::new()),
+            aen: Mutex::new(AenState {
+                config: 0,
+                pending: VecDeque::new(),
+                waiting: VecDeque::new(),
+                tx: None,
+            }),
+            changed: Mutex::new(Vec::new()),
+            dead: self.shutdown.child_token(),
+        });
+        cs.by_id.insert(cntlid, c.clone());
+        drop(cs);
+        let t = self.clone();
+        let w = c.clone();
+        tokio::spawn(async move { keep_alive_watch(t, w).await });
+        Some(c)
+    }
+    pub fn drop_controller(&self, c: &Controller) {
+        c.dead.cancel();
+        c.subsys.controllers.lock().by_id.remove(&c.cntlid);
+    }
+    pub fn discovery_changed(&self) {
+        self.genctr.fetch_add(1, Ordering::Relaxed);
+        let all: Vec<_> = self
+            .discovery
+            .controllers
+            .lock()
+            .by_id
+            .values()
+            .cloned()
+            .collect();
+        for c in all {
+            c.event(AEN_DISCOVERY_CHANGED, AEC_DISCOVERY);
+        }
+    }
+}
+
+/// Tears a controller down when the host stays silent past its keep-alive timeout.
+async fn keep_alive_watch(t: Arc<Inner>, c: Arc<Controller>) {
+    loop {
+        let kato = c.kato_ms.load(Ordering::Relaxed) as u64;
+        let period = if kato == 0 { 1000 } else { (kato / 2).max(100) };
+        tokio::select! {
+            _ = c.dead.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(period)) => {}
+        }
+        if kato == 0 {
+            continue;
+        }
+        let idle = t
+            .now_ms()
+            .saturating_sub(c.last_seen.load(Ordering::Relaxed));
+        if idle > kato + t.cfg.keep_alive_grace.as_millis() as u64 {
+            tracing::warn!(
+                cntlid = c.cntlid,
+                host = %c.hostnqn,
+                "the host sent nothing for {idle} ms (keep-alive timeout {kato} ms); dropping its controller"
+            );
+            t.drop_controller(&c);
+            return;
+        }
+    }
+}

@@ -1,0 +1,416 @@
+//! One queue's command handling, whatever transport carries it: Connect (admission, the host
+//! allow-list, controller creation or an I/O queue joining its controller), the other Fabrics
+//! commands, admin commands and Async Event Requests, and the admission of I/O commands against
+//! the controller's namespaces. A transport (NVMe/TCP in `tcp`, NVMe/RDMA in its own crate)
+//! receives capsules, moves data, and hands each command here; it acts on the [`Action`].
+
+use crate::admin;
+use crate::cmd::{self, fctype, io, Sqe, Status, Transfer, CONNECT_DATA_LEN};
+use crate::io_commands::{IoCommand, ReadBuffers};
+use crate::model::{Completer, Controller, Inner, Transport, TransportInfo, AERL};
+use millrace_io::{BufPool, IoBuf};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// Connect data fetched before a queue is connected is at most this long (it is 1024 bytes).
+pub const CONNECT_DATA_MAX: usize = 4096;
+
+/// What the transport does with a command.
+pub enum Action {
+    /// Complete with this status and result.
+    Complete { status: Status, result: u64 },
+    /// Send `data` to the host (the transport pads or trims it to the command's length), then
+    /// complete with success and `result`.
+    Data { data: Vec<u8>, result: u64 },
+    /// Completed later through the queue's [`Completer`] (an Async Event Request).
+    Parked,
+    /// Complete with success, then close the queue (Fabrics Disconnect).
+    Disconnect,
+    /// An I/O command: run it (in a task of its own) and complete as it says.
+    Io(IoCommand),
+}
+
+impl Action {
+    fn status(status: Status) -> Action {
+        Action::Complete { status, result: 0 }
+    }
+}
+
+/// Counts failed commands in the target's counters, from any task.
+pub struct ErrorCounter(Arc<Inner>);
+
+impl ErrorCounter {
+    pub fn add(&self) {
+        self.0.counters.errors.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+struct Bound {
+    ctrl: Arc<Controller>,
+    qid: u16,
+    depth: usize,
+}
+
+/// The target's side of one queue. Dropping it ends the queue: an admin queue takes its
+/// controller with it, an I/O queue frees its id.
+pub struct Session {
+    t: Arc<Inner>,
+    transport: TransportInfo,
+    peer: SocketAddr,
+    local: Option<SocketAddr>,
+    discovery_only: bool,
+    completer: Option<Completer>,
+    bufs: ReadBuffers,
+    q: Option<Bound>,
+}
+
+impl Session {
+    pub(crate) fn new(
+        t: Arc<Inner>,
+        peer: SocketAddr,
+        local: Option<SocketAddr>,
+        discovery_only: bool,
+    ) -> Session {
+        let transport = TransportInfo {
+            kind: Transport::Tcp,
+            in_capsule: t.cfg.in_capsule_bytes,
+        };
+        let bufs = ReadBuffers::Accounted(t.buffers.clone());
+        Session {
+            t,
+            transport,
+            peer,
+            local,
+            discovery_only,
+            completer: None,
+            bufs,
+            q: None,
+        }
+    }
+
+    /// The transport carrying this queue, and the pool its read data comes from (one the
+    /// transport reaches without a copy).
+    pub fn with_transport(mut self, transport: TransportInfo, pool: BufPool) -> Session {
+        self.transport = transport;
+        self.bufs = ReadBuffers::Pool(pool);
+        self
+    }
+
+    /// How parked commands (Async Event Requests) of an admin queue complete.
+    pub fn with_completer(mut self, c: Completer) -> Session {
+        self.completer = Some(c);
+        self
+    }
+
+    /// The queue id once connected (0 before Connect and on admin queues).
+    pub fn qid(&self) -> u16 {
+        self.q.as_ref().map_or(0, |q| q.qid)
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.q.is_some()
+    }
+
+    /// Commands the queue holds at once: its size once connected, one before.
+    pub fn depth(&self) -> usize {
+        self.q.as_ref().map_or(1, |q| q.depth)
+    }
+
+    /// Cancelled when the queue must close: its controller went away or the target stops.
+    pub fn closing(&self) -> CancellationToken {
+        match &self.q {
+            Some(q) => q.ctrl.dead.clone(),
+            None => self.t.shutdown.clone(),
+        }
+    }
+
+    /// Largest data transfer of one command.
+    pub fn max_transfer(&self) -> usize {
+        self.t.cfg.max_transfer_bytes as usize
+    }
+
+    /// A command arrived: counted, and the controller's keep-alive timer restarts.
+    pub fn received(&self) {
+        self.t.counters.commands.fetch_add(1, Ordering::Relaxed);
+        if let Some(q) = &self.q {
+            q.ctrl.touch(&self.t);
+        }
+    }
+
+    /// A command completed with an error status (counted for the status pages).
+    pub fn failed(&self) {
+        self.t.counters.errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts errors of commands that complete elsewhere (in their own tasks).
+    pub fn error_counter(&self) -> ErrorCounter {
+        ErrorCounter(self.t.clone())
+    }
+
+    /// The transport broke the protocol's rules (counted; the transport closes the queue).
+    pub fn protocol_error(&self) {
+        self.t
+            .counters
+            .protocol_errors
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether the transport may take a buffer for the host's data of `sqe` before running it.
+    /// Only a connected queue gets one; before Connect only Connect's own data (bounded), so a
+    /// host that has not been admitted cannot make the target hold memory.
+    pub fn admit_transfer(&self, sqe: &Sqe, x: &Transfer) -> Result<(), Status> {
+        let len = match x {
+            Transfer::FromHost(n) => *n,
+            _ => return Ok(()),
+        };
+        if self.q.is_some() {
+            return match len <= self.max_transfer() {
+                true => Ok(()),
+                false => Err(Status::INVALID_FIELD),
+            };
+        }
+        let connect = sqe.is_fabrics() && sqe.fctype() == fctype::CONNECT;
+        match (connect, len <= CONNECT_DATA_MAX) {
+            (true, true) => Ok(()),
+            (true, false) => Err(Status::DATA_SGL_LENGTH_INVALID),
+            (false, _) => Err(Status::COMMAND_SEQUENCE_ERROR),
+        }
+    }
+
+    /// Handles one command with its host-to-controller data (in the capsule or fetched);
+    /// `c2h_len` is the length of the host's buffer for data coming back.
+    pub fn command(&mut self, sqe: &Sqe, data: Option<IoBuf>, c2h_len: usize) -> Action {
+        if sqe.is_fabrics() {
+            return self.fabrics(sqe, data.as_deref());
+        }
+        let Some(q) = &self.q else {
+            return Action::status(Status::COMMAND_SEQUENCE_ERROR);
+        };
+        let ctrl = q.ctrl.clone();
+        if q.qid == 0 {
+            return self.admin(&ctrl, sqe, data.as_deref());
+        }
+        if !ctrl.enabled.load(Ordering::Relaxed) {
+            return Action::status(Status::COMMAND_SEQUENCE_ERROR);
+        }
+        let Some(ns) = ctrl.subsys.ns(sqe.nsid()).or_else(|| {
+            // Flush to every namespace (NSID FFFFFFFFh) is answered by the first one; the others
+            // are flushed too.
+            (sqe.opcode() == io::FLUSH && sqe.nsid() == u32::MAX)
+                .then(|| ctrl.subsys.namespaces.load().first().cloned())
+                .flatten()
+        }) else {
+            return Action::status(Status::INVALID_NAMESPACE);
+        };
+        Action::Io(IoCommand {
+            subsys: ctrl.subsys.clone(),
+            ns,
+            sqe: *sqe,
+            data,
+            c2h_len,
+            max_transfer: self.max_transfer(),
+            bufs: self.bufs.clone(),
+        })
+    }
+
+    fn fabrics(&mut self, sqe: &Sqe, data: Option<&[u8]>) -> Action {
+        match sqe.fctype() {
+            fctype::CONNECT => {
+                let (status, result) = self.connect(sqe, data.unwrap_or(&[]));
+                Action::Complete { status, result }
+            }
+            fctype::PROPERTY_GET | fctype::PROPERTY_SET => match &self.q {
+                None => Action::status(Status::COMMAND_SEQUENCE_ERROR),
+                Some(q) if q.qid != 0 => Action::status(Status::INVALID_FIELD),
+                Some(q) => {
+                    let (status, result) = admin::property(&self.t, &q.ctrl, sqe);
+                    Action::Complete { status, result }
+                }
+            },
+            fctype::DISCONNECT if self.q.is_none() => {
+                Action::status(Status::COMMAND_SEQUENCE_ERROR)
+            }
+            fctype::DISCONNECT => Action::Disconnect,
+            _ => Action::status(Status::INVALID_OPCODE),
+        }
+    }
+
+    /// Fabrics Connect: the only command a fresh queue accepts. Refusals carry the offset of
+    /// the parameter at fault (IPO) and whether it lies in the data (IATTR), as the spec asks.
+    fn connect(&mut self, sqe: &Sqe, data: &[u8]) -> (Status, u64) {
+        if self.q.is_some() {
+            return (Status::COMMAND_SEQUENCE_ERROR, 0);
+        }
+        if sqe.connect_recfmt() != 0 {
+            return (Status::CONNECT_INCOMPATIBLE_FORMAT, 0);
+        }
+        if data.len() < CONNECT_DATA_LEN {
+            return (Status::DATA_SGL_LENGTH_INVALID, 0);
+        }
+        let d = match cmd::ConnectData::decode(data) {
+            Ok(d) => d,
+            Err(at) => return bad_data(at),
+        };
+        let unknown = || {
+            tracing::info!(peer = %self.peer, host = %d.hostnqn, subsystem = %d.subnqn, "refused a connect to an unknown subsystem");
+            self.refused();
+            bad_data(cmd::CONNECT_DATA_SUBNQN)
+        };
+        let Some(s) = self.t.lookup(&d.subnqn) else {
+            return unknown();
+        };
+        if self.discovery_only && !s.discovery {
+            return unknown();
+        }
+        if !s.host_allowed(&d.hostnqn) {
+            tracing::warn!(peer = %self.peer, transport = self.transport.kind.as_str(), host = %d.hostnqn, subsystem = %d.subnqn, "refused a connect from a host that is not allowed");
+            self.refused();
+            return bad_host();
+        }
+        let qid = sqe.connect_qid();
+        let sqsize = sqe.connect_sqsize() as usize;
+        if qid == 0 {
+            return self.connect_admin(&s, &d, sqe, sqsize);
+        }
+        if s.discovery {
+            return bad_sqe(42);
+        }
+        let Some(ctrl) = s.controllers.lock().by_id.get(&d.cntlid).cloned() else {
+            return bad_data(cmd::CONNECT_DATA_CNTLID);
+        };
+        if ctrl.hostnqn != d.hostnqn || ctrl.hostid != d.hostid {
+            return bad_host();
+        }
+        if qid > ctrl.io_queues.load(Ordering::Relaxed) {
+            return bad_sqe(42);
+        }
+        if sqsize == 0 || sqsize >= self.t.cfg.max_queue_depth as usize {
+            return bad_sqe(44);
+        }
+        {
+            let mut q = ctrl.io_qids.lock();
+            if q.contains(&qid) {
+                return bad_sqe(42);
+            }
+            q.push(qid);
+        }
+        ctrl.touch(&self.t);
+        self.q = Some(Bound {
+            ctrl,
+            qid,
+            depth: sqsize + 1,
+        });
+        (Status::SUCCESS, d.cntlid as u64)
+    }
+
+    fn refused(&self) {
+        (self.t.counters.connections_refused).fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn connect_admin(
+        &mut self,
+        s: &Arc<crate::model::Subsystem>,
+        d: &cmd::ConnectData,
+        sqe: &Sqe,
+        sqsize: usize,
+    ) -> (Status, u64) {
+        if sqsize == 0 || sqsize >= self.t.cfg.admin_queue_depth.max(2) as usize {
+            return bad_sqe(44);
+        }
+        if d.cntlid != 0xffff && d.cntlid != 0xfffe {
+            return bad_data(cmd::CONNECT_DATA_CNTLID);
+        }
+        let kato = sqe.connect_kato();
+        let Some(ctrl) = (self.t).new_controller(
+            s,
+            &d.hostnqn,
+            d.hostid,
+            self.peer,
+            self.transport.kind,
+            kato,
+        ) else {
+            return (Status::CONNECT_CONTROLLER_BUSY, 0);
+        };
+        ctrl.aen.lock().tx = self.completer.clone();
+        tracing::info!(peer = %self.peer, transport = self.transport.kind.as_str(), host = %d.hostnqn, subsystem = %d.subnqn, cntlid = ctrl.cntlid, "a host connected its admin queue");
+        let id = ctrl.cntlid;
+        self.q = Some(Bound {
+            ctrl,
+            qid: 0,
+            depth: sqsize + 1,
+        });
+        (Status::SUCCESS, id as u64)
+    }
+
+    fn admin(&mut self, ctrl: &Arc<Controller>, sqe: &Sqe, data: Option<&[u8]>) -> Action {
+        let cid = sqe.cid();
+        if sqe.opcode() == cmd::admin::ASYNC_EVENT_REQUEST {
+            let mut a = ctrl.aen.lock();
+            return if let Some(ev) = a.pending.pop_front() {
+                Action::Complete {
+                    status: Status::SUCCESS,
+                    result: ev as u64,
+                }
+            } else if a.waiting.len() > AERL as usize || a.tx.is_none() {
+                Action::status(Status::AER_LIMIT_EXCEEDED)
+            } else {
+                // Completed later, by Controller::event, from whichever task sees it.
+                a.waiting.push_back(cid);
+                Action::Parked
+            };
+        }
+        let ctx = admin::Ctx {
+            t: &self.t,
+            ctrl,
+            local: self.local,
+            transport: self.transport,
+        };
+        let r = admin::execute(&ctx, sqe, data);
+        tracing::debug!(
+            cntlid = ctrl.cntlid,
+            opcode = sqe.opcode(),
+            cdw10 = sqe.cdw(10),
+            nsid = sqe.nsid(),
+            status = %r.status,
+            "admin command"
+        );
+        match r.data {
+            Some(data) if r.status.is_success() => Action::Data {
+                data,
+                result: r.result,
+            },
+            _ => Action::Complete {
+                status: r.status,
+                result: r.result,
+            },
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if let Some(q) = self.q.take() {
+            if q.qid == 0 {
+                self.t.drop_controller(&q.ctrl);
+            } else {
+                q.ctrl.io_qids.lock().retain(|&x| x != q.qid);
+            }
+        }
+    }
+}
+
+// IPO in bits 15:0, IATTR in bits 23:16 (1: the offset is into the Connect data).
+fn bad_sqe(ipo: u64) -> (Status, u64) {
+    (Status::CONNECT_INVALID_PARAMETERS, ipo)
+}
+fn bad_data(ipo: u16) -> (Status, u64) {
+    (Status::CONNECT_INVALID_PARAMETERS, ipo as u64 | 1 << 16)
+}
+fn bad_host() -> (Status, u64) {
+    (
+        Status::CONNECT_INVALID_HOST,
+        cmd::CONNECT_DATA_HOSTNQN as u64 | 1 << 16,
+    )
+}
