@@ -1,16 +1,13 @@
 #!/usr/bin/env bash
 # Runs inside the guest (tests/guest/run-in-guest). NVMe over RDMA on soft-RoCE with the stock
-# Linux initiator. Today it proves the recipe and the host side against the kernel's own
-# nvmet-rdma target, the baseline Millrace's target (issue #18, `millrace serve --nvme-rdma`,
-# not wired yet) will be held to: `nvme discover -t rdma` lists the subsystem, `nvme connect -t
-# rdma` gives a namespace, fio with crc32c verify (random 4K-256K, several queues), disconnect,
-# reconnect, data intact; a host not allowed is refused. Then Millrace's own transport
-# (crates/millrace-nvmf-rdma, through its rdma_refuse example: the target's command handling is
-# not wired to it yet) with the same host: the CM connect with NVMe/RDMA private data is
-# accepted, the Connect capsule arrives by SEND, its data is fetched from the host's memory by
-# RDMA READ of the keyed SGL (the probe prints the NQNs it read), and the refusal goes back by
-# SEND with invalidate, which the host reports as "not allowed". Where the kernel has no
-# soft-RoCE, it says so and passes without testing.
+# Linux initiator: the recipe (rping over rxe) and a short baseline against the kernel's own
+# nvmet-rdma target (discover, connect, data written and read back across a reconnect, a host not
+# allowed refused), so a failure of tests/guest/nvme-rdma-serve.sh (Millrace's own target, which
+# runs fio with verify, a drive failure and the rest) can be told apart from a broken soft-RoCE
+# or host. Then Millrace's transport alone (its rdma_refuse example): the Connect data fetched by
+# RDMA READ of the host's keyed SGL and the refusal sent by SEND with invalidate, which the host
+# reports as "not allowed". Where the kernel has no soft-RoCE, it says so and passes without
+# testing.
 #   usage (on the host): tests/guest/run-in-guest --timeout 900 tests/guest/nvme-rdma.sh [target/debug]
 set -euo pipefail
 DIR=$(realpath "${1:-$PWD/target/debug}")
@@ -92,19 +89,14 @@ queues=$(cat "/sys/class/nvme/$ctrl/queue_count")
 (( queues >= 3 )) || fail "expected an admin and at least 2 I/O queues, got $queues"
 step "connected over RDMA: $ctrl ($ns), $queues queues"
 
-fiojob=(--name=verify --filename="$ns" --direct=1 --ioengine=libaio --iodepth=16 --numjobs=1
-  --rw=randwrite --bsrange=4k-256k --size=64M --verify=crc32c --verify_fatal=1 --randrepeat=1 --randseed=18)
-timeout 600 fio "${fiojob[@]}" --do_verify=1 --output="$work/fio1.out" > /dev/null 2>&1 \
-  || { tail -20 "$work/fio1.out"; fail "fio randwrite 4k-256k with verify over RDMA"; }
-grep "err= 0" "$work/fio1.out" > /dev/null || { tail -20 "$work/fio1.out"; fail "fio reported errors"; }
-dd if="$ns" bs=1M count=64 iflag=direct status=none | sha256sum > "$work/sum1"
+head -c $((16 << 20)) /dev/urandom > "$work/data"
+dd if="$work/data" of="$ns" bs=256k oflag=direct status=none || fail "writing 16 MiB over RDMA"
+cmp <(dd if="$ns" bs=1M count=16 iflag=direct status=none) "$work/data" || fail "16 MiB read back differ"
 nvme disconnect -n "$NQN" > /dev/null || fail "nvme disconnect"
-step "fio 4k-256k random writes verified (crc32c) over RDMA; disconnected"
+step "16 MiB written and read back over RDMA; disconnected"
 
 connect
-timeout 600 fio "${fiojob[@]}" --verify_only --output="$work/fio2.out" > /dev/null 2>&1 \
-  || { tail -20 "$work/fio2.out"; fail "fio verify after reconnect"; }
-dd if="$ns" bs=1M count=64 iflag=direct status=none | sha256sum | cmp -s - "$work/sum1" \
+cmp <(dd if="$ns" bs=1M count=16 iflag=direct status=none) "$work/data" \
   || fail "the data differs after reconnecting"
 nvme disconnect -n "$NQN" > /dev/null || fail "nvme disconnect"
 step "reconnected: data intact"

@@ -644,7 +644,9 @@ pub fn status(home: &Path, api: Option<&Api>, json: bool) -> Result<()> {
         Some(a) => {
             run_api(a, PoolCmd::List { json })?;
             if !json {
-                crate::rdma_fmt::print(&a.get("/api/v1/status")?["rdma"]);
+                let st = a.get("/api/v1/status")?;
+                crate::rdma_fmt::print(&st["rdma"]);
+                crate::rdma_fmt::print_nvme(&st);
             }
             Ok(())
         }

@@ -40,6 +40,32 @@ pub fn print(r: &Value) {
     }
 }
 
+/// The NVMe-oF listeners of each transport and the hosts connected over each, from
+/// `/api/v1/status`.
+pub fn print_nvme(st: &Value) {
+    let ls: Vec<String> = (st["nvme_listeners"].as_array().into_iter().flatten())
+        .map(|l| {
+            format!(
+                "{} {}:{}",
+                l["transport"].as_str().unwrap_or("?"),
+                l["address"].as_str().unwrap_or("?"),
+                l["port"]
+            )
+        })
+        .collect();
+    if ls.is_empty() {
+        println!("NVMe-oF: not listening");
+        return;
+    }
+    let h = &st["nvme_hosts"];
+    println!(
+        "NVMe-oF: listening on {}; hosts connected: {} over TCP, {} over RDMA",
+        ls.join(", "),
+        h["tcp"].as_u64().unwrap_or(0),
+        h["rdma"].as_u64().unwrap_or(0)
+    );
+}
+
 /// The same, with no server: devices from sysfs.
 pub fn print_local() {
     let devices: Vec<Value> = millrace_rdma::devices::list()

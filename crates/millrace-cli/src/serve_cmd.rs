@@ -8,7 +8,7 @@ use clap::Args;
 
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  millrace serve                                   # API on 127.0.0.1:8740, NVMe/TCP on 0.0.0.0:4420 (discovery 8009)\n  millrace serve --api 0.0.0.0:8740 --token-file /etc/millrace/token   # the API beyond this machine needs a token\n  millrace serve --api 0.0.0.0:8740 --token-file /etc/millrace/token --tls-cert /etc/millrace/api.crt --tls-key /etc/millrace/api.key"
+    after_help = "Examples:\n  millrace serve                                   # API on 127.0.0.1:8740, NVMe/TCP on 0.0.0.0:4420 (discovery 8009)\n  millrace serve --nvme-rdma 192.168.1.10         # also NVMe/RDMA on port 4420 of that address\n  millrace serve --api 0.0.0.0:8740 --token-file /etc/millrace/token   # the API beyond this machine needs a token\n  millrace serve --api 0.0.0.0:8740 --token-file /etc/millrace/token --tls-cert /etc/millrace/api.crt --tls-key /etc/millrace/api.key"
 )]
 pub struct ServeArgs {
     /// Where the HTTP API, /metrics and the dashboard listen. Beyond loopback a token is required.
@@ -23,6 +23,12 @@ pub struct ServeArgs {
     /// Serve no NVMe/TCP at all.
     #[arg(long)]
     no_nvme: bool,
+    /// Also serve NVMe/RDMA on this address (ADDR or ADDR:PORT, port 4420 by default; repeat
+    /// for several). The same subsystems, allowed hosts and namespaces as NVMe/TCP. Needs an
+    /// RDMA device (a RoCE or InfiniBand NIC, or soft-RoCE) and rdma-core's libraries; without
+    /// them it is reported and skipped, and NVMe/TCP serves as before.
+    #[arg(long = "nvme-rdma", value_name = "ADDR[:PORT]", value_parser = rdma_addr)]
+    nvme_rdma: Vec<SocketAddr>,
     /// Also listen for NBD clients on this TCP address (only clients an export lists get in);
     /// the Unix socket MILLRACE_HOME/nbd.sock is always there.
     #[arg(long)]
@@ -36,6 +42,20 @@ pub struct ServeArgs {
     /// The certificate's private key (PEM).
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+}
+
+/// An address with the NVMe/RDMA port (4420) where none is given.
+fn rdma_addr(s: &str) -> std::result::Result<SocketAddr, String> {
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let ip = s.trim_start_matches('[').trim_end_matches(']');
+    match ip.parse::<std::net::IpAddr>() {
+        Ok(ip) => Ok(SocketAddr::new(ip, 4420)),
+        Err(_) => Err(format!(
+            "'{s}' is not an address: give ADDR or ADDR:PORT, like 192.168.1.10 or 0.0.0.0:4420"
+        )),
+    }
 }
 
 pub fn run(home: &Path, a: ServeArgs) -> Result<()> {
@@ -60,6 +80,7 @@ pub fn run(home: &Path, a: ServeArgs) -> Result<()> {
         api: a.api,
         nvme: (!a.no_nvme).then_some(a.nvme),
         discovery_port: (!a.no_nvme && a.discovery_port != 0).then_some(a.discovery_port),
+        nvme_rdma: a.nvme_rdma,
         nbd_listen: a.nbd_listen,
         token,
         tls: a

@@ -282,9 +282,10 @@ async fn status(AxState(s): S) -> R {
             "unavailable_pools": *s.unavailable.read(),
             "rdma": crate::rdma::view(),
             // Where hosts connect: an orchestrator hands these to the nodes it attaches.
-            "nvme_listeners": s.nvmf.listen_addrs().iter()
-                .map(|a| json!({"transport": "tcp", "address": a.ip().to_string(), "port": a.port()}))
+            "nvme_listeners": s.nvmf.listeners().iter()
+                .map(|(t, a)| json!({"transport": t.as_str(), "address": a.ip().to_string(), "port": a.port()}))
                 .collect::<Vec<_>>(),
+            "nvme_hosts": crate::rdma::hosts_per_transport(&s.nvmf),
         })))
     })
     .await

@@ -431,13 +431,13 @@ impl State {
                         .map(|s| {
                             s.hosts
                                 .iter()
-                                .map(|h| serde_json::json!({"host": h.hostnqn, "peer": h.peer.to_string(), "io_queues": h.io_queues}))
+                                .map(|h| serde_json::json!({"host": h.hostnqn, "peer": h.peer.to_string(), "io_queues": h.io_queues, "transport": h.transport.as_str()}))
                                 .collect()
                         })
                         .unwrap_or_default();
                     nvme.push(serde_json::json!({
                         "pool": pool, "volume": v.name, "nqn": c.nqn, "hosts": c.hosts,
-                        "allow_any_host": c.allow_any_host, "serving": live.is_some() && self.nvme_listening.load(std::sync::atomic::Ordering::Relaxed),
+                        "allow_any_host": c.allow_any_host, "serving": live.is_some() && (self.nvme_listening.load(std::sync::atomic::Ordering::Relaxed) || !self.nvme_rdma.lock().is_empty()),
                         "connections": connections,
                     }));
                 }

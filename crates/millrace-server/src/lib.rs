@@ -38,6 +38,8 @@ pub struct ServeConfig {
     /// The NVMe/TCP I/O port; `None` serves no NVMe/TCP.
     pub nvme: Option<SocketAddr>,
     pub discovery_port: Option<u16>,
+    /// NVMe/RDMA listeners (`--nvme-rdma`); one that cannot start is reported and skipped.
+    pub nvme_rdma: Vec<SocketAddr>,
     /// A TCP listener for NBD clients; the Unix socket under `home` is always there.
     pub nbd_listen: Option<SocketAddr>,
     /// The bearer token the API demands (required when `api` is not a loopback address).
@@ -147,6 +149,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
             tokio::spawn(async move { t.serve_discovery(l).await });
         }
     }
+    let rdma_at = start_nvme_rdma(&state, &cfg.nvme_rdma);
     if let Some(addr) = cfg.nbd_listen {
         let l = tokio::net::TcpListener::bind(addr)
             .await
@@ -182,7 +185,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         .with_context(|| format!("cannot write {}", sf.display()))?;
     tracing::info!(api = %api_addr, "millrace serve is up");
     eprintln!(
-        "millrace serve: API on {scheme}://{api_addr}{}, NVMe/TCP on {}, NBD on {}{}",
+        "millrace serve: API on {scheme}://{api_addr}{}, NVMe/TCP on {}{rdma_at}, NBD on {}{}",
         if cfg.token.is_some() {
             " (token required)"
         } else {
@@ -239,4 +242,32 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     let _ = std::fs::remove_file(&sock);
     tokio::task::spawn_blocking(move || state.close()).await??;
     served.context("the API server failed")
+}
+
+/// Starts the NVMe/RDMA listeners. One that cannot start (no RDMA device, no rdma-core, an
+/// address no RDMA device has) is reported with its reason and skipped: NVMe/TCP and the rest
+/// serve as before. Returns what the start-up line says about them.
+fn start_nvme_rdma(state: &Arc<State>, addrs: &[SocketAddr]) -> String {
+    let mut up = Vec::new();
+    for &addr in addrs {
+        match millrace_nvmf_rdma::serve::listen(
+            &state.nvmf,
+            addr,
+            millrace_nvmf_rdma::serve::DEFAULT_POOL_BYTES,
+        ) {
+            Ok(l) => {
+                up.push(l.local_addr().to_string());
+                state.nvme_rdma.lock().push(l);
+            }
+            Err(e) => {
+                tracing::error!(%addr, "NVMe/RDMA is off: {e}");
+                eprintln!("millrace serve: cannot serve NVMe/RDMA on {addr}: {e}");
+            }
+        }
+    }
+    match up.is_empty() {
+        true if addrs.is_empty() => String::new(),
+        true => ", NVMe/RDMA off".into(),
+        false => format!(", NVMe/RDMA on {}", up.join(" and ")),
+    }
 }

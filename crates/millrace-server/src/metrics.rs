@@ -44,6 +44,11 @@ struct ProtoL {
     protocol: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TransportL {
+    transport: String,
+}
+
 fn counter(reg: &mut Registry, name: &str, help: &str) -> Family<PoolL, Counter> {
     let f = Family::<PoolL, Counter>::default();
     reg.register(name, help, f.clone());
@@ -249,6 +254,34 @@ pub fn render(state: &State) -> String {
     conns.get_or_create(&nvme).set(n.connections_open as i64);
     conns_total.get_or_create(&nvme).inc_by(n.connections_total);
     refused.get_or_create(&nvme).inc_by(n.connections_refused);
+    // NVMe/RDMA: queues (RDMA connections) of every listener; refusals by the transport (the
+    // target's own, a host not allowed, are counted with nvme-tcp's above: one target).
+    let rdma = ProtoL {
+        protocol: "nvme-rdma".into(),
+    };
+    let (mut open, mut total, mut refused_rdma) = (0i64, 0u64, 0u64);
+    for l in state.nvme_rdma.lock().iter() {
+        let (o, t, r) = l.queues();
+        open += o as i64;
+        total += t;
+        refused_rdma += r;
+    }
+    conns.get_or_create(&rdma).set(open);
+    conns_total.get_or_create(&rdma).inc_by(total);
+    refused.get_or_create(&rdma).inc_by(refused_rdma);
+    let hosts = Family::<TransportL, Gauge>::default();
+    reg.register(
+        "millrace_nvme_hosts",
+        "Hosts connected to the NVMe-oF target now (controllers), per transport",
+        hosts.clone(),
+    );
+    let per = crate::rdma::hosts_per_transport(&state.nvmf);
+    for t in ["tcp", "rdma"] {
+        let l = TransportL {
+            transport: t.into(),
+        };
+        hosts.get_or_create(&l).set(per[t].as_i64().unwrap_or(0));
+    }
     let b = state.nbd.stats();
     let nbd = ProtoL {
         protocol: "nbd".into(),

@@ -40,6 +40,20 @@ struct PortL {
     netdev: String,
 }
 
+/// Hosts connected to the NVMe-oF target now (controllers), per transport.
+pub fn hosts_per_transport(t: &millrace_nvmf::Target) -> serde_json::Value {
+    let (mut tcp, mut rdma) = (0u64, 0u64);
+    for s in t.subsystems() {
+        for h in &s.hosts {
+            match h.transport {
+                millrace_nvmf::Transport::Tcp => tcp += 1,
+                millrace_nvmf::Transport::Rdma => rdma += 1,
+            }
+        }
+    }
+    serde_json::json!({"tcp": tcp, "rdma": rdma})
+}
+
 /// `millrace_rdma_port_up` per device port and `millrace_nfs_rdma_listening`.
 pub fn register_metrics(reg: &mut Registry) {
     let up = Family::<PortL, Gauge>::default();

@@ -32,6 +32,8 @@ pub struct State {
     /// Pools the cache knows that could not be assembled, with the reason.
     pub unavailable: RwLock<BTreeMap<String, String>>,
     pub nvmf: millrace_nvmf::Target,
+    /// The NVMe/RDMA listeners `millrace serve --nvme-rdma` started.
+    pub nvme_rdma: parking_lot::Mutex<Vec<millrace_nvmf_rdma::serve::RdmaListener>>,
     pub nbd: Arc<millrace_nbd::NbdServer>,
     pub jobs: Jobs,
     pub meters: Meters,
@@ -145,6 +147,7 @@ impl State {
         let state = State {
             serving,
             nvme_listening: Default::default(),
+            nvme_rdma: Default::default(),
             home: home.to_path_buf(),
             pools: RwLock::new(BTreeMap::new()),
             unavailable: RwLock::new(BTreeMap::new()),

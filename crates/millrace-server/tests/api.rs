@@ -38,6 +38,7 @@ fn start_with(
         api: "127.0.0.1:0".parse().unwrap(),
         nvme,
         discovery_port: None,
+        nvme_rdma: Vec::new(),
         nbd_listen: None,
         token: token.map(str::to_string),
         tls,
@@ -786,6 +787,7 @@ fn a_bad_certificate_stops_the_start_with_a_sentence() {
         api: "127.0.0.1:0".parse().unwrap(),
         nvme: None,
         discovery_port: None,
+        nvme_rdma: Vec::new(),
         nbd_listen: None,
         token: None,
         tls: Some(millrace_server::TlsFiles {

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# Runs inside the guest (tests/guest/run-in-guest). Proves `millrace serve --nvme-rdma` (Millrace's
+# own user-space NVMe/RDMA target, crates/millrace-nvmf-rdma over the target's sessions) against
+# the stock Linux initiator on soft-RoCE: a RAID5 pool of drive files, a volume exported to one
+# host NQN; `nvme discover -t rdma` lists the subsystem once per transport (RDMA and TCP);
+# `nvme connect -t rdma` gives the namespace with several I/O queues; status and the API count
+# the host under RDMA; fio with crc32c verify (random 4K-256K, two jobs) while a drive is failed
+# with `millrace pool fail`, invisible to the host; disconnect, reconnect, data intact; a host that
+# is not allowed is refused as over TCP. Where the kernel has no soft-RoCE it says so and passes
+# without testing.
+#   usage (on the host): cargo build --workspace --bins
+#          tests/guest/run-in-guest --timeout 1200 tests/guest/nvme-rdma-serve.sh $PWD/target/debug
+set -euo pipefail
+DIR=$(realpath "${1:-$PWD/target/debug}")
+MR=$DIR/millrace
+[[ -x $MR ]] || { echo "nvme-rdma-serve: millrace is missing under $DIR; build it first (cargo build -p millrace-cli)"; exit 1; }
+# shellcheck source=../lib/soft-roce.sh
+source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../lib/soft-roce.sh"
+HOST=nqn.2014-08.org.nvmexpress:uuid:4d696c6c-7261-6365-0000-000000000001
+HOSTID=4d696c6c-7261-6365-0000-000000000001
+BADHOST=nqn.2014-08.org.nvmexpress:uuid:4d696c6c-7261-6365-0000-0000000000ff
+BADHOSTID=4d696c6c-7261-6365-0000-0000000000ff
+NQN=nqn.2026-11.dev.millrace:tank.scratch
+work=$(mktemp -d /tmp/nvmerdmaserve.XXXXXX)
+export MILLRACE_HOME=$work/home MILLRACE_LOG=${MILLRACE_LOG:-info}
+t0=$(date +%s)
+step() { echo "nvme-rdma-serve: [$(( $(date +%s) - t0 ))s] $*"; }
+fail() {
+  echo "nvme-rdma-serve: FAILED: $*"
+  echo "--- server log (tail) ---"; tail -40 "$work/server.log" 2>/dev/null || true
+  echo "--- kernel log (tail) ---"; dmesg | grep -iE 'nvme|rdma|rxe' | tail -30 || true
+  exit 1
+}
+cleanup() {
+  [[ -n ${fpid:-} ]] && kill "$fpid" 2>/dev/null || true
+  nvme disconnect-all > /dev/null 2>&1 || true
+  [[ -n ${spid:-} ]] && kill "$spid" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+if ! soft_roce_up; then
+  echo "nvme-rdma-serve: SKIPPED: $SOFT_ROCE_WHY; NVMe/RDMA is not tested on this kernel"
+  exit 0
+fi
+modprobe nvme-rdma || fail "this kernel lacks nvme-rdma"
+step "soft-RoCE up ($RDMA_DEV on mr0, $RDMA_ADDR), nvme-rdma loaded"
+
+drives=()
+for i in 0 1 2 3; do drives+=("$work/drives/d$i.img"); done
+mkdir -p "$work/drives"
+"$MR" pool create tank --level raid5 --strip 64k --create 64M "${drives[@]}" > "$work/pool.out" 2>&1 \
+  || { cat "$work/pool.out"; fail "millrace pool create"; }
+"$MR" volume create tank/scratch --size 96M > /dev/null || fail "millrace volume create"
+step "pool tank (raid5, 4 drives), volume tank/scratch"
+
+"$MR" serve --nvme-rdma "$RDMA_ADDR" >> "$work/server.log" 2>&1 &
+spid=$!
+for _ in $(seq 150); do
+  grep -q "NVMe/RDMA on $RDMA_ADDR:4420" "$work/server.log" && break
+  kill -0 "$spid" 2>/dev/null || fail "millrace serve exited"
+  sleep 0.3
+done
+grep -q "NVMe/RDMA on $RDMA_ADDR:4420" "$work/server.log" || fail "millrace serve does not say it serves NVMe/RDMA on $RDMA_ADDR:4420"
+"$MR" export nvme add tank/scratch --host "$HOST" > "$work/export.out" 2>&1 \
+  || { cat "$work/export.out"; fail "millrace export nvme add"; }
+step "millrace serve --nvme-rdma $RDMA_ADDR up; tank/scratch exported to $HOST only"
+
+common=(-t rdma -a "$RDMA_ADDR" -s 4420 --hostnqn "$HOST" --hostid "$HOSTID")
+nvme discover "${common[@]}" > "$work/disc" 2>&1 || { cat "$work/disc"; fail "nvme discover -t rdma"; }
+[[ $(grep -c "subnqn: *$NQN" "$work/disc") == 2 ]] || { cat "$work/disc"; fail "discovery over RDMA should list $NQN once per transport (tcp, rdma)"; }
+grep -q "trtype: *rdma" "$work/disc" || { cat "$work/disc"; fail "discovery lists no rdma entry"; }
+grep -q "trtype: *tcp" "$work/disc" || { cat "$work/disc"; fail "discovery lists no tcp entry"; }
+nvme discover -t rdma -a "$RDMA_ADDR" -s 4420 --hostnqn "$BADHOST" --hostid "$BADHOSTID" > "$work/discbad" 2>&1 || true
+grep -q "$NQN" "$work/discbad" && fail "discovery over RDMA shows $NQN to a host that is not allowed"
+step "nvme discover -t rdma: $NQN listed once over rdma and once over tcp; hidden from a stranger"
+
+find_ns() {
+  for _ in $(seq 100); do
+    for c in /sys/class/nvme/nvme*; do
+      [[ -e $c/subsysnqn && $(cat "$c/subsysnqn") == "$NQN" ]] || continue
+      ctrl=$(basename "$c")
+      d=$(ls -d /sys/block/nvme*n1 2>/dev/null | grep -v 'c[0-9]*n1$' | head -1)
+      [[ -n $d && -b /dev/$(basename "$d") ]] && { ns=/dev/$(basename "$d"); return 0; }
+    done
+    sleep 0.2
+  done
+  return 1
+}
+connect() {
+  nvme connect "${common[@]}" -n "$NQN" -i 2 > "$work/connect.out" 2>&1 \
+    || { cat "$work/connect.out"; fail "nvme connect -t rdma"; }
+  find_ns || fail "no namespace appeared after nvme connect -t rdma"
+}
+disconnect() {
+  nvme disconnect -n "$NQN" > /dev/null || fail "nvme disconnect"
+  for _ in $(seq 50); do [[ -z $(ls /sys/block | grep '^nvme' || true) ]] && break; sleep 0.2; done
+}
+connect
+[[ $(cat "/sys/class/nvme/$ctrl/transport") == rdma ]] || fail "$ctrl is not an RDMA controller"
+queues=$(cat "/sys/class/nvme/$ctrl/queue_count")
+(( queues >= 3 )) || fail "expected an admin and at least 2 I/O queues, got $queues"
+nvme id-ctrl "/dev/$ctrl" > "$work/idctrl" || fail "nvme id-ctrl"
+grep -qE '^mn +: Millrace' "$work/idctrl" || { head -20 "$work/idctrl"; fail "id-ctrl does not name Millrace"; }
+"$MR" status > "$work/status.out" 2>&1 || { cat "$work/status.out"; fail "millrace status"; }
+grep -q "rdma $RDMA_ADDR:4420" "$work/status.out" || { cat "$work/status.out"; fail "status does not list the NVMe/RDMA listener"; }
+grep -q "1 over RDMA" "$work/status.out" || { cat "$work/status.out"; fail "status does not count the host under RDMA"; }
+grep -q '"transport": "rdma"' <("$MR" export list --json) || fail "export list does not show the host's transport as rdma"
+step "connected over RDMA: $ctrl ($ns), $queues queues; status and exports show it under rdma"
+
+# Two jobs, each on its own 16 MiB, random 4K-256K writes with crc32c headers, read back and
+# checked; paced so a drive fails while they are in flight.
+fiojob=(--name=verify --filename="$ns" --direct=1 --ioengine=libaio --iodepth=8 --numjobs=2
+  --size=16M --offset_increment=16M --rw=randwrite --bsrange=4k-256k --verify=crc32c
+  --verify_fatal=1 --randrepeat=1 --randseed=18 --group_reporting)
+fio_ok() { grep -q "err= 0" "$1" && ! grep -qiE 'verify.*(fail|bad)|crc32c: verify' "$1"; }
+timeout 900 fio "${fiojob[@]}" --do_verify=1 --rate=,1m --output="$work/fio1.out" > /dev/null 2>&1 &
+fpid=$!
+sleep 4
+kill -0 "$fpid" 2>/dev/null || { cat "$work/fio1.out"; fail "fio ended before a drive could be failed under it"; }
+"$MR" pool fail tank "${drives[1]}" > "$work/fail.out" 2>&1 || { cat "$work/fail.out"; fail "millrace pool fail"; }
+kill -0 "$fpid" 2>/dev/null || fail "fio ended before the drive failure took effect; the test proved nothing"
+step "failed ${drives[1]} while fio writes over RDMA"
+wait "$fpid" || { tail -20 "$work/fio1.out"; fail "fio verify over RDMA across a drive failure"; }
+fpid=
+fio_ok "$work/fio1.out" || { tail -20 "$work/fio1.out"; fail "fio reported errors"; }
+grep -q '^  "state": "degraded"' <("$MR" pool show tank --json) || fail "the pool is not degraded after a drive failed"
+dd if="$ns" bs=1M count=32 iflag=direct status=none | sha256sum > "$work/sum1"
+disconnect
+step "fio 4k-256k random writes verified (crc32c, 2 jobs) across a drive failure; disconnected"
+
+connect
+timeout 600 fio "${fiojob[@]}" --verify_only --output="$work/fio2.out" > /dev/null 2>&1 \
+  || { tail -20 "$work/fio2.out"; fail "fio verify after reconnect"; }
+fio_ok "$work/fio2.out" || { tail -20 "$work/fio2.out"; fail "fio verify after reconnect reported errors"; }
+dd if="$ns" bs=1M count=32 iflag=direct status=none | sha256sum | cmp -s - "$work/sum1" \
+  || fail "the data differs after reconnecting"
+disconnect
+step "reconnected over RDMA: data intact"
+
+if nvme connect -t rdma -a "$RDMA_ADDR" -s 4420 -n "$NQN" --hostnqn "$BADHOST" --hostid "$BADHOSTID" > "$work/bad.out" 2>&1; then
+  fail "a host that is not allowed connected over RDMA"
+fi
+ls /sys/block | grep '^nvme' > /dev/null && fail "a namespace appeared for a host that is not allowed"
+grep -q "not allowed" "$work/server.log" || fail "the server did not log the refused host"
+kill -0 "$spid" || fail "the server died"
+step "a host not allowed is refused over RDMA"
+kill -TERM "$spid"; wait "$spid" || fail "the server exited with status $? on SIGTERM"
+spid=
+step "PASS"
