@@ -32,13 +32,23 @@ fn start_with(
     tls: Option<millrace_server::TlsFiles>,
     nvme: Option<std::net::SocketAddr>,
 ) -> Server {
+    start_rdma(dir, token, tls, nvme, Vec::new())
+}
+
+fn start_rdma(
+    dir: tempfile::TempDir,
+    token: Option<&str>,
+    tls: Option<millrace_server::TlsFiles>,
+    nvme: Option<std::net::SocketAddr>,
+    nvme_rdma: Vec<std::net::SocketAddr>,
+) -> Server {
     let home = dir.path().join("home");
     let cfg = millrace_server::ServeConfig {
         home: home.clone(),
         api: "127.0.0.1:0".parse().unwrap(),
         nvme,
         discovery_port: None,
-        nvme_rdma: Vec::new(),
+        nvme_rdma,
         nbd_listen: None,
         token: token.map(str::to_string),
         tls,
@@ -380,6 +390,25 @@ fn untouched(paths: &[PathBuf], pattern: u8) {
             p.display()
         );
     }
+}
+
+/// `--nvme-rdma` on a host without an RDMA device: reported, and NVMe/TCP serves as before.
+#[test]
+fn nvme_rdma_without_a_device_leaves_tcp_serving() {
+    if millrace_rdma::devices::any() {
+        eprintln!("skipped: this host has an RDMA device (tests/guest/nvme-rdma-serve.sh uses it)");
+        return;
+    }
+    let nvme = "127.0.0.1:0".parse().unwrap();
+    let rdma = vec!["127.0.0.1:4420".parse().unwrap()];
+    let s = start_rdma(tempfile::tempdir().unwrap(), None, None, Some(nvme), rdma);
+    let (_, st) = s.get("/api/v1/status");
+    let ls = st["nvme_listeners"].as_array().unwrap();
+    assert_eq!(ls.len(), 1, "{st}");
+    assert_eq!(ls[0]["transport"], "tcp", "{st}");
+    assert_eq!(st["nvme_hosts"]["rdma"], 0, "{st}");
+    let port = ls[0]["port"].as_u64().unwrap() as u16;
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
 }
 
 /// What an orchestrator (the CSI driver) builds on: free space per pool, volumes tagged at
