@@ -1,6 +1,6 @@
 //! Randomized crash schedules for degraded parity pools: the process is killed at a random
 //! member write (every later write and flush silently does nothing, see `fault::kill_budget`)
-//! while the pool takes writes with one or two members out (RAID5, RAID6), or while a
+//! while the pool takes writes with one or two members out (RAID5, RAID6, RAID60), or while a
 //! replacement is being rebuilt while clients write beside it; then power is cut (each unflushed 4 KiB
 //! sector independently kept or lost) and the pool imported again, which recovers from the
 //! partial-parity log. Afterwards:
@@ -12,7 +12,7 @@
 //!
 //! CRASH_SCHEDULES (default 120 per test) sets the schedules per test, CRASH_FROM the first
 //! seed; `CRASH_SCHEDULES=3000 cargo test -p millrace-array --release --test crash_kill` is the
-//! long run (15,000 schedules; README, "Failures and crashes").
+//! long run (18,000 schedules; README, "Failures and crashes").
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -62,7 +62,8 @@ impl World {
             name: "k".into(),
             level,
             strip: STRIP,
-            group: None,
+            // The striped levels: groups of half the members.
+            group: matches!(level, Level::Raid50 | Level::Raid60).then_some(n / 2),
             data_offset: Some(DATA_OFFSET),
             create_size: None,
             force: false,
@@ -287,6 +288,11 @@ fn raid6_killed_during_writes_one_out() {
 #[test]
 fn raid6_killed_during_writes_two_out() {
     each(|s| run(Level::Raid6, 6, 2, false, s));
+}
+
+#[test]
+fn raid60_killed_during_writes_two_out() {
+    each(|s| run(Level::Raid60, 8, 2, false, s));
 }
 
 #[test]
