@@ -111,6 +111,7 @@ async function main() {
     check(await page.locator("[data-failed-drive]").count() === 0, "no failed-drive banner while all drives are online");
     check(await page.locator(`${card} tr[data-member-state="online"]`).count() >= 4, "the members are listed online");
     check(await page.locator(`tr[data-export="nvme"]`).count() === 1, "the NVMe/TCP export is listed");
+    check(await page.locator(`[data-nvme-listener="tcp"]`).count() === 1, "the NVMe/TCP listener is listed (with hosts per transport)");
 
     // Some I/O, so the graphs draw; the throughput figure must move off zero.
     const info = await (await fetch(`${url}/api/v1/pools/${pool}`, { headers: auth })).json();
