@@ -15,6 +15,7 @@
 //! locked, so concurrent writes to one stripe never leave its parity wrong.
 
 mod completion;
+mod discard;
 mod journaled;
 mod layout;
 mod locks;
@@ -88,6 +89,8 @@ pub struct Stats {
     /// Partial-parity log records written, and their bytes (see `ppl_log`).
     pub log_records: AtomicU64,
     pub log_bytes: AtomicU64,
+    /// Pool bytes given back to the drives by discard and write-zeroes (whole rows).
+    pub deallocated_bytes: AtomicU64,
 }
 
 /// What one member slot moved, counted where member I/O completes (a replacement drive in the
@@ -549,6 +552,23 @@ impl millrace_block::BlockDevice for Array {
     }
     fn flush(&self) -> io::Result<()> {
         Array::flush(self).map_err(Into::into)
+    }
+    // Both deallocate whole rows and write zeroes over partial ones (discard.rs): a
+    // deallocated row reads as zeroes, so a discard here promises what write-zeroes does.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        Array::discard(self, offset, len).map_err(Into::into)
+    }
+    fn zeroes_fast(&self, offset: u64, len: u64) -> bool {
+        self.deallocates(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        Array::discard(self, offset, len).map_err(Into::into)
+    }
+    fn discard_async(&self, offset: u64, len: u64) -> IoFuture<'_, io::Result<()>> {
+        Box::pin(self.discard_owned(offset, len))
+    }
+    fn write_zeroes_async(&self, offset: u64, len: u64) -> IoFuture<'_, io::Result<()>> {
+        Box::pin(self.discard_owned(offset, len))
     }
     // Completion-based on a core's ring; the blocking engine inline elsewhere (completion.rs).
     fn read_async(&self, offset: u64, buf: IoBuf) -> IoFuture<'_, BufResult> {
