@@ -15,6 +15,14 @@ pub type IoFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// The result of a call that was lent a buffer, with the buffer, which always comes back.
 pub type BufResult = (io::Result<()>, IoBuf);
 
+/// A run of a device's range: `len` bytes that hold data (or may) or read as zeroes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub len: u64,
+    /// True where the run reads as zeroes and holds no space (a hole).
+    pub zero: bool,
+}
+
 /// A block device as an export sees it. Offsets and lengths are in bytes and need not be
 /// aligned; implementations handle any alignment (aligned I/O is simply faster).
 ///
@@ -40,6 +48,17 @@ pub trait BlockDevice: Send + Sync + 'static {
     /// The smallest unit the device writes atomically with respect to itself.
     fn block_bytes(&self) -> u32 {
         4096
+    }
+    /// Which parts of `[offset, offset + len)` hold data and which read as zeroes, as runs in
+    /// order that cover the range. A device that does not know says "data" throughout.
+    fn allocation(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
+        check_range(self.size_bytes(), offset, len)?;
+        Ok(vec![Extent { len, zero: false }])
+    }
+    /// Whether zeroing `[offset, offset + len)` is cheap: done by deallocating, writing no
+    /// data (what NBD's fast zero asks before it zeroes).
+    fn zeroes_fast(&self, _offset: u64, _len: u64) -> bool {
+        false
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;

@@ -4,7 +4,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::Instant;
 
-use millrace_block::{BlockDevice, BufResult, IoBuf, IoFuture};
+use millrace_block::{BlockDevice, BufResult, Extent, IoBuf, IoFuture};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -142,6 +142,12 @@ impl BlockDevice for Metered {
     }
     fn block_bytes(&self) -> u32 {
         self.dev.block_bytes()
+    }
+    fn allocation(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
+        self.dev.allocation(offset, len)
+    }
+    fn zeroes_fast(&self, offset: u64, len: u64) -> bool {
+        self.dev.zeroes_fast(offset, len)
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let n = buf.len() as u64;

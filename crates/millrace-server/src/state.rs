@@ -613,6 +613,10 @@ impl State {
         }
         let pools = std::mem::take(&mut *self.pools.write());
         for (name, e) in pools {
+            // The allocation map first: it is written through the pool, which is then closed.
+            if let Err(err) = e.volumes.close() {
+                tracing::error!(pool = %name, "closing its volumes: {err}");
+            }
             if let Err(err) = e.pool.close() {
                 tracing::error!(pool = %name, "closing: {err}");
             }

@@ -7,6 +7,7 @@
 //! nothing of exports. Exports keep their settings in a volume's free-form `props`, which this
 //! layer stores without reading.
 
+mod alloc;
 mod table;
 mod volume;
 

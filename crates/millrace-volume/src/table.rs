@@ -16,10 +16,14 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::alloc::{AllocMap, MapArea};
 use crate::Volume;
 
 const MAGIC: &[u8; 8] = b"MRVOLTB1";
-const VERSION: u32 = 1;
+/// Version 2 tables record an allocation map, whose area a version 1 reader would not know to
+/// keep free: such a reader refuses the table instead of creating a volume over the map.
+const VERSION: u32 = 2;
+const VERSION_NO_MAP: u32 = 1;
 const HEADER: usize = 32;
 const SLOT_BYTES: u64 = 1 << 20;
 /// Bytes at the start of a pool that hold the volume table (before rounding up to a stripe).
@@ -62,11 +66,16 @@ pub struct VolumeInfo {
 #[derive(Default, Serialize, Deserialize)]
 struct Table {
     volumes: Vec<VolumeInfo>,
+    /// Where the pool's allocation map lives; absent in pools made before it existed, until
+    /// their first volume change adds one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    alloc_map: Option<MapArea>,
 }
 
 struct Inner {
     generation: u64,
     table: Table,
+    map: Option<Arc<AllocMap>>,
     open: HashMap<String, Arc<Volume>>,
     /// The table area holds bytes that are not a table (written with `millrace io write`).
     foreign: bool,
@@ -174,12 +183,22 @@ impl Volumes {
             }
             None => (0, Table::default()),
         };
+        let map = match table.alloc_map {
+            Some(area) => Some(Arc::new(AllocMap::load(dev.clone(), area).map_err(
+                |source| VolumeError::Io {
+                    what: "cannot read the pool's allocation map".into(),
+                    source,
+                },
+            )?)),
+            None => None,
+        };
         Ok(Volumes {
             dev,
             align,
             inner: Mutex::new(Inner {
                 generation,
                 table,
+                map,
                 open: HashMap::new(),
                 foreign: generation == 0 && foreign > 0,
             }),
@@ -196,9 +215,26 @@ impl Volumes {
         round_up(TABLE_AREA_BYTES, self.align)
     }
 
-    /// Bytes volumes may use in all.
+    /// Bytes volumes may use in all (less the allocation map's area, once it has one).
     pub fn capacity(&self) -> u64 {
+        self.capacity_of(&self.inner.lock().table)
+    }
+
+    fn capacity_of(&self, t: &Table) -> u64 {
+        let map = t.alloc_map.map_or(0, |a| a.bytes);
+        self.raw_capacity().saturating_sub(map)
+    }
+
+    fn raw_capacity(&self) -> u64 {
         (self.dev.size_bytes() / self.align * self.align).saturating_sub(self.data_start())
+    }
+
+    /// Where the volume space ends: the allocation map's area, or the end of the pool.
+    fn space_end(&self, t: &Table) -> u64 {
+        match t.alloc_map {
+            Some(a) => a.offset_bytes,
+            None => self.data_start() + self.raw_capacity(),
+        }
     }
 
     pub fn free_bytes(&self) -> u64 {
@@ -277,13 +313,14 @@ impl Volumes {
         if g.table.volumes.iter().any(|v| v.name == name) {
             return refuse(format!("a volume named {name} already exists in this pool; pick another name or delete it first"));
         }
+        self.ensure_map(&mut g)?;
         let Some(offset) =
             checked_round_up(size, self.align).and_then(|rounded| self.find_gap(&g.table, rounded))
         else {
             return refuse(format!(
                 "the pool has no room for a volume of {}: {} is free in all, {} in the largest free range; delete or shrink volumes, or use a smaller size",
                 human(size),
-                human(self.capacity() - used(&g.table)),
+                human(self.capacity_of(&g.table) - used(&g.table)),
                 human(self.largest_gap(&g.table)),
             ));
         };
@@ -296,6 +333,9 @@ impl Volumes {
             created_unix: now(),
             props,
         };
+        // Whatever a deleted volume (or anything before) left here must never reach the new
+        // one: its extent is deallocated, durably, before the table gives it out.
+        self.deallocate(&g, offset, size)?;
         g.table.volumes.push(info.clone());
         if let Err(e) = self.commit(&mut g) {
             g.table.volumes.pop();
@@ -317,6 +357,13 @@ impl Volumes {
         }
         if let Some(v) = g.open.remove(name) {
             v.mark_deleted();
+        }
+        // The space goes back to the drives. Should this fail, the table no longer holds the
+        // volume, and the next volume made there is deallocated before it is given out.
+        if let Err(e) = self.deallocate(&g, removed.offset_bytes, removed.size_bytes) {
+            tracing::warn!(
+                "volume {name} is deleted, but its space was not given back to the drives: {e}"
+            );
         }
         Ok(())
     }
@@ -342,7 +389,7 @@ impl Volumes {
             .map(|v| v.offset_bytes)
             .filter(|&o| o > cur.offset_bytes)
             .min()
-            .unwrap_or(self.data_start() + self.capacity());
+            .unwrap_or(self.space_end(&g.table));
         if cur
             .offset_bytes
             .checked_add(new_size)
@@ -353,6 +400,11 @@ impl Volumes {
                 human(limit - cur.offset_bytes)
             ));
         }
+        self.deallocate(
+            &g,
+            cur.offset_bytes + cur.size_bytes,
+            new_size - cur.size_bytes,
+        )?;
         g.table.volumes[i].size_bytes = new_size;
         if let Err(e) = self.commit(&mut g) {
             g.table.volumes[i].size_bytes = cur.size_bytes;
@@ -393,6 +445,7 @@ impl Volumes {
         };
         let v = Arc::new(Volume::new(
             self.dev.clone(),
+            g.map.clone(),
             info.name.clone(),
             info.uuid,
             info.offset_bytes,
@@ -402,15 +455,78 @@ impl Volumes {
         Ok(v)
     }
 
+    /// Makes `[offset, offset + len)` read as zeroes on the drives and in the map, durably.
+    fn deallocate(&self, g: &Inner, offset: u64, len: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let io = |what: &str, source| VolumeError::Io {
+            what: format!("cannot {what}"),
+            source,
+        };
+        let cleared = g.map.as_ref().map(|m| m.begin_clear(offset, len));
+        let r = self.dev.discard(offset, len);
+        if let (Some(m), Some(c)) = (&g.map, cleared) {
+            if r.is_ok() {
+                m.end_clear(c);
+            } else {
+                m.restore(&c);
+            }
+        }
+        r.map_err(|e| io("zero the volume's space on the drives", e))?;
+        match &g.map {
+            Some(m) => m.commit(),
+            None => self.dev.flush(),
+        }
+        .map_err(|e| io("make the zeroed space durable", e))
+    }
+
+    /// Gives the pool an allocation map at the end of its volume space, where none is yet and
+    /// the space there is free; volumes that exist are marked as data throughout.
+    fn ensure_map(&self, g: &mut Inner) -> Result<()> {
+        if g.map.is_some() {
+            return Ok(());
+        }
+        let end = self.data_start() + self.raw_capacity();
+        let Some(area) = MapArea::plan(self.data_start(), end, self.align) else {
+            return Ok(());
+        };
+        if g.table
+            .volumes
+            .iter()
+            .any(|v| v.offset_bytes + v.size_bytes > area.offset_bytes)
+        {
+            tracing::warn!(
+                "this pool's last volume reaches the end of the pool, where the allocation map goes: \
+                 its volumes read from the drives everywhere, and deleted volumes' space is still zeroed"
+            );
+            return Ok(());
+        }
+        let data: Vec<(u64, u64)> = g
+            .table
+            .volumes
+            .iter()
+            .map(|v| (v.offset_bytes, v.size_bytes))
+            .collect();
+        let map = AllocMap::new(self.dev.clone(), area, &data);
+        map.commit().map_err(|source| VolumeError::Io {
+            what: "cannot write the pool's allocation map".into(),
+            source,
+        })?;
+        g.map = Some(Arc::new(map));
+        g.table.alloc_map = Some(area);
+        Ok(())
+    }
+
     fn find_gap(&self, t: &Table, size: u64) -> Option<u64> {
-        gaps(t, self.data_start(), self.data_start() + self.capacity())
+        gaps(t, self.data_start(), self.space_end(t))
             .into_iter()
             .find(|(s, e)| e - s >= size)
             .map(|(s, _)| s)
     }
 
     fn largest_gap(&self, t: &Table) -> u64 {
-        gaps(t, self.data_start(), self.data_start() + self.capacity())
+        gaps(t, self.data_start(), self.space_end(t))
             .into_iter()
             .map(|(s, e)| e - s)
             .max()
@@ -426,7 +542,12 @@ impl Volumes {
         let len = round_up((HEADER + json.len()) as u64, 4096) as usize;
         let mut buf = vec![0u8; len];
         buf[..8].copy_from_slice(MAGIC);
-        buf[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        let version = if g.table.alloc_map.is_some() {
+            VERSION
+        } else {
+            VERSION_NO_MAP
+        };
+        buf[8..12].copy_from_slice(&version.to_le_bytes());
         buf[16..24].copy_from_slice(&gen.to_le_bytes());
         buf[24..28].copy_from_slice(&(json.len() as u32).to_le_bytes());
         buf[28..32].copy_from_slice(&crc32c::crc32c(&json).to_le_bytes());
@@ -515,7 +636,7 @@ fn read_slot(dev: &dyn BlockDevice, slot: u64) -> Result<Slot> {
     let gen = u64::from_le_bytes(head[16..24].try_into().unwrap());
     let len = u32::from_le_bytes(head[24..28].try_into().unwrap()) as usize;
     let crc = u32::from_le_bytes(head[28..32].try_into().unwrap());
-    if version != VERSION || len > SLOT_BYTES as usize - HEADER {
+    if !(VERSION_NO_MAP..=VERSION).contains(&version) || len > SLOT_BYTES as usize - HEADER {
         return Ok(Slot::Damaged);
     }
     let mut buf = vec![0u8; round_up((HEADER + len) as u64, 4096) as usize];
@@ -531,6 +652,31 @@ fn read_slot(dev: &dyn BlockDevice, slot: u64) -> Result<Slot> {
     match serde_json::from_slice::<Table>(json) {
         Ok(t) => Ok(Slot::Good(gen, t)),
         Err(_) => Ok(Slot::Damaged),
+    }
+}
+
+impl Volumes {
+    /// Writes the allocation map as it is in memory (and flushes the pool): after a clean stop,
+    /// writes never flushed by their client are still found. Dropping does this too.
+    pub fn close(&self) -> Result<()> {
+        let map = self.inner.lock().map.clone();
+        match map {
+            Some(m) if m.needs_commit() => m.commit().map_err(|source| VolumeError::Io {
+                what: "cannot write the pool's allocation map".into(),
+                source,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Drop for Volumes {
+    fn drop(&mut self) {
+        if let Err(e) = self.close() {
+            tracing::warn!(
+                "{e}; regions written since the last flush may read as zeroes after a restart"
+            );
+        }
     }
 }
 
