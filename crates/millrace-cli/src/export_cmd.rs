@@ -185,7 +185,18 @@ fn list(home: &Path, api: Option<&Api>, json: bool, only: Option<&str>) -> Resul
             e["name"].as_str().unwrap_or("").into(),
             allowed.join("\n"),
             if live {
-                e["connections"].to_string()
+                // Each client by name (address, or "local socket"), as for NVMe hosts.
+                let who: Vec<&str> = e["connected"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|c| c.as_str())
+                    .collect();
+                if who.is_empty() {
+                    "none".into()
+                } else {
+                    who.join("\n")
+                }
             } else {
                 "(server not running)".into()
             },

@@ -13,6 +13,7 @@ use tokio::sync::{watch, Mutex, Semaphore};
 use tracing::{debug, info, warn};
 
 use crate::handshake::{negotiate, Session};
+use crate::meta::*;
 use crate::proto::*;
 use crate::{Counters, ExportEntry, Inner, Peer};
 
@@ -24,8 +25,15 @@ impl Drop for OpenGuard<'_> {
     }
 }
 
-pub(crate) async fn serve<R, W>(inner: Arc<Inner>, r: R, mut w: W, peer: Peer)
-where
+/// Serves one connection; `only` is the one export its listener serves (an export's own
+/// socket or port), None for the shared listeners that serve every export.
+pub(crate) async fn serve<R, W>(
+    inner: Arc<Inner>,
+    r: R,
+    mut w: W,
+    peer: Peer,
+    only: Option<Arc<str>>,
+) where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
@@ -33,8 +41,8 @@ where
     // Buffered so that small headers cost no syscall each; large write payloads bypass it.
     let mut r = BufReader::with_capacity(256 << 10, r);
     let limit = inner.limits.handshake_timeout;
-    let session = match tokio::time::timeout(limit, negotiate(&inner, &mut r, &mut w, &peer)).await
-    {
+    let haggle = negotiate(&inner, &mut r, &mut w, &peer, only.as_deref());
+    let session = match tokio::time::timeout(limit, haggle).await {
         Err(_) => {
             info!(
                 "NBD: closing the connection from {peer}: it did not choose an export within {} s",
@@ -58,6 +66,7 @@ where
     Counters::add(&ec.connections_open, 1);
     Counters::add(&ec.connections_total, 1);
     let _export_open = OpenGuard(ec);
+    let _client = session.entry.connect(&peer);
     info!(
         export = %session.entry.export.name,
         structured = session.structured,
@@ -137,9 +146,7 @@ where
             break;
         }
         let payload = if req.kind == CMD_WRITE { req.len } else { 0 };
-        if let Some((errno, msg)) =
-            check(&req, dev.as_ref(), s.entry.export.read_only, s.structured)
-        {
+        if let Some((errno, msg)) = check(&req, dev.as_ref(), s) {
             // The payload must be consumed to find the next header; skipping it holds no memory.
             if payload > 0 {
                 let mut take = (&mut r).take(payload as u64);
@@ -194,12 +201,8 @@ where
 
 /// Refuses what must not reach the device: unknown commands and flags, oversized payloads,
 /// ranges past the end, writes to a read-only export. Errors follow the protocol's advice.
-fn check(
-    req: &Request,
-    dev: &dyn BlockDevice,
-    read_only: bool,
-    structured: bool,
-) -> Option<(u32, String)> {
+fn check(req: &Request, dev: &dyn BlockDevice, s: &Session) -> Option<(u32, String)> {
+    let (read_only, structured) = (s.entry.export.read_only, s.structured);
     let name = match req.kind {
         CMD_READ => "read",
         CMD_WRITE => "write",
@@ -207,6 +210,7 @@ fn check(
         CMD_TRIM => "trim",
         CMD_CACHE => "cache",
         CMD_WRITE_ZEROES => "write-zeroes",
+        CMD_BLOCK_STATUS => "block-status",
         k => {
             return Some((
                 EINVAL,
@@ -239,6 +243,15 @@ fn check(
     if req.kind == CMD_FLUSH {
         return None;
     }
+    if req.kind == CMD_BLOCK_STATUS && !s.allocation {
+        return Some((
+            EINVAL,
+            "block status needs the base:allocation context (NBD_OPT_SET_META_CONTEXT before NBD_OPT_GO)".into(),
+        ));
+    }
+    if req.kind == CMD_BLOCK_STATUS && req.len == 0 {
+        return Some((EINVAL, "a block-status request of 0 bytes".into()));
+    }
     let size = dev.size_bytes();
     let fits = req
         .offset
@@ -246,7 +259,7 @@ fn check(
         .is_some_and(|end| end <= size);
     if !fits {
         // Reads and cache hints past the end are invalid; writes there find no space.
-        let errno = if matches!(req.kind, CMD_READ | CMD_CACHE) {
+        let errno = if matches!(req.kind, CMD_READ | CMD_CACHE | CMD_BLOCK_STATUS) {
             EINVAL
         } else {
             ENOSPC
@@ -317,6 +330,21 @@ async fn run<W: AsyncWrite + Unpin + Send + 'static>(
         }
         return;
     }
+    if req.kind == CMD_BLOCK_STATUS {
+        return block_status(sh, dev, req).await;
+    }
+    if req.kind == CMD_WRITE_ZEROES && req.flags & CMD_FLAG_FAST_ZERO != 0 {
+        // Fast means "by deallocation, writing no data"; else the client zeroes its own way.
+        let d = dev.clone();
+        if !blocking(move || Ok(d.zeroes_fast(off, len)))
+            .await
+            .unwrap_or(false)
+        {
+            let msg = "this zeroing cannot be done fast: it covers part of a full stripe that holds data, or the pool is degraded";
+            let _ = send_error(sh, &req, ENOTSUP, msg).await;
+            return;
+        }
+    }
     let kind = req.kind;
     let no_hole = req.flags & CMD_FLAG_NO_HOLE != 0;
     let res = blocking(move || {
@@ -366,6 +394,22 @@ async fn run<W: AsyncWrite + Unpin + Send + 'static>(
             };
             fail(sh, &req, what, e).await
         }
+    }
+}
+
+/// Answers NBD_CMD_BLOCK_STATUS for `base:allocation` from the device's allocation.
+async fn block_status<W: AsyncWrite + Unpin + Send + 'static>(
+    sh: &Shared<W>,
+    dev: Arc<dyn BlockDevice>,
+    req: Request,
+) {
+    let (off, len) = (req.offset, req.len as u64);
+    match blocking(move || dev.allocation(off, len)).await {
+        Ok(extents) => {
+            let one = req.flags & CMD_FLAG_REQ_ONE != 0;
+            send(sh, &block_status_chunk(req.handle, &extents, one)).await;
+        }
+        Err(e) => fail(sh, &req, "block-status", e).await,
     }
 }
 

@@ -36,6 +36,7 @@
 
 mod conn;
 mod handshake;
+pub mod meta;
 pub mod proto;
 
 use std::collections::HashMap;
@@ -186,6 +187,37 @@ pub(crate) struct ExportEntry {
     pub export: Export,
     pub removed: watch::Sender<bool>,
     pub counters: Counters,
+    /// The clients in transmission on it now: (connection number, who).
+    pub clients: std::sync::Mutex<Vec<(u64, String)>>,
+}
+
+static NEXT_CLIENT: AtomicU64 = AtomicU64::new(1);
+
+/// Takes a client off its export's list when its connection ends, however it ends.
+pub(crate) struct ClientGuard<'a> {
+    entry: &'a ExportEntry,
+    id: u64,
+}
+
+impl Drop for ClientGuard<'_> {
+    fn drop(&mut self) {
+        let mut c = self.entry.clients.lock().unwrap_or_else(|e| e.into_inner());
+        c.retain(|(id, _)| *id != self.id);
+    }
+}
+
+impl ExportEntry {
+    /// Puts a client on the export's list for as long as the guard lives.
+    pub fn connect(&self, peer: &Peer) -> ClientGuard<'_> {
+        let id = NEXT_CLIENT.fetch_add(1, Ordering::Relaxed);
+        let who = match peer {
+            Peer::Unix => "local socket".to_string(),
+            Peer::Tcp(a) => a.to_string(),
+        };
+        let mut c = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        c.push((id, who));
+        ClientGuard { entry: self, id }
+    }
 }
 
 /// Who is on the other end of a connection.
@@ -311,6 +343,7 @@ impl NbdServer {
                 export: e,
                 removed: watch::channel(false).0,
                 counters: Counters::default(),
+                clients: std::sync::Mutex::new(Vec::new()),
             }),
         );
         Ok(())
@@ -351,6 +384,16 @@ impl NbdServer {
         map.get(name).map(|e| e.counters.snapshot())
     }
 
+    /// Who is connected to an export now: each client's address, or "local socket", in the
+    /// order they connected.
+    pub fn export_clients(&self, name: &str) -> Option<Vec<String>> {
+        let map = self.inner.exports.read().unwrap();
+        map.get(name).map(|e| {
+            let c = e.clients.lock().unwrap_or_else(|e| e.into_inner());
+            c.iter().map(|(_, who)| who.clone()).collect()
+        })
+    }
+
     /// Stops the listeners and closes every connection after its requests in flight finish.
     pub fn shutdown(&self) {
         self.inner.shutdown.send_replace(true);
@@ -359,6 +402,20 @@ impl NbdServer {
     /// Serves NBD on a TCP listener until [`NbdServer::shutdown`]. Errors accepting one
     /// connection (out of file descriptors, say) are logged and do not stop the listener.
     pub async fn serve_tcp(&self, l: tokio::net::TcpListener) -> io::Result<()> {
+        self.serve_tcp_scoped(l, None).await
+    }
+
+    /// Serves one export alone on a TCP listener of its own: NBD_OPT_LIST lists only it, and
+    /// the empty name selects it.
+    pub async fn serve_tcp_only(&self, l: tokio::net::TcpListener, export: &str) -> io::Result<()> {
+        self.serve_tcp_scoped(l, Some(export.into())).await
+    }
+
+    async fn serve_tcp_scoped(
+        &self,
+        l: tokio::net::TcpListener,
+        only: Option<Arc<str>>,
+    ) -> io::Result<()> {
         let mut stop = self.inner.shutdown.subscribe();
         loop {
             let (stream, addr) = tokio::select! {
@@ -379,6 +436,7 @@ impl NbdServer {
                 .read()
                 .unwrap()
                 .values()
+                .filter(|e| only.as_deref().is_none_or(|o| o == e.export.name))
                 .any(|e| peer.may_use(&e.export))
             {
                 Counters::add(&self.inner.counters.connections_refused, 1);
@@ -392,13 +450,31 @@ impl NbdServer {
             // Small replies (flush, write acks) must not wait for Nagle.
             let _ = stream.set_nodelay(true);
             let (r, w) = stream.into_split();
-            tokio::spawn(conn::serve(self.inner.clone(), r, w, peer));
+            tokio::spawn(conn::serve(self.inner.clone(), r, w, peer, only.clone()));
         }
     }
 
     /// Serves NBD on a Unix-socket listener until [`NbdServer::shutdown`]; every export is
     /// reachable (the socket's file permissions decide who connects).
     pub async fn serve_unix(&self, l: tokio::net::UnixListener) -> io::Result<()> {
+        self.serve_unix_scoped(l, None).await
+    }
+
+    /// Serves one export alone on a Unix socket of its own: NBD_OPT_LIST lists only it, and
+    /// the empty name selects it.
+    pub async fn serve_unix_only(
+        &self,
+        l: tokio::net::UnixListener,
+        export: &str,
+    ) -> io::Result<()> {
+        self.serve_unix_scoped(l, Some(export.into())).await
+    }
+
+    async fn serve_unix_scoped(
+        &self,
+        l: tokio::net::UnixListener,
+        only: Option<Arc<str>>,
+    ) -> io::Result<()> {
         let mut stop = self.inner.shutdown.subscribe();
         loop {
             let stream = tokio::select! {
@@ -416,7 +492,13 @@ impl NbdServer {
                 continue;
             }
             let (r, w) = stream.into_split();
-            tokio::spawn(conn::serve(self.inner.clone(), r, w, Peer::Unix));
+            tokio::spawn(conn::serve(
+                self.inner.clone(),
+                r,
+                w,
+                Peer::Unix,
+                only.clone(),
+            ));
         }
     }
 
@@ -432,7 +514,7 @@ impl NbdServer {
             return;
         }
         let (r, w) = tokio::io::split(s);
-        conn::serve(self.inner.clone(), r, w, peer).await
+        conn::serve(self.inner.clone(), r, w, peer, None).await
     }
 
     fn admit(&self, peer: &Peer) -> bool {

@@ -312,7 +312,8 @@ pub fn structured_none(handle: u64) -> Vec<u8> {
 pub fn allowed_flags(kind: u16, structured: bool) -> u16 {
     match kind {
         CMD_READ if structured => CMD_FLAG_FUA | CMD_FLAG_DF,
-        CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE,
+        CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | crate::meta::CMD_FLAG_FAST_ZERO,
+        crate::meta::CMD_BLOCK_STATUS => CMD_FLAG_FUA | crate::meta::CMD_FLAG_REQ_ONE,
         _ => CMD_FLAG_FUA,
     }
 }
@@ -449,7 +450,7 @@ mod tests {
         assert_eq!(allowed_flags(CMD_READ, true), CMD_FLAG_FUA | CMD_FLAG_DF);
         assert_eq!(
             allowed_flags(CMD_WRITE_ZEROES, false),
-            CMD_FLAG_FUA | CMD_FLAG_NO_HOLE
+            CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | crate::meta::CMD_FLAG_FAST_ZERO
         );
         assert_eq!(allowed_flags(CMD_TRIM, true), CMD_FLAG_FUA);
     }

@@ -96,12 +96,15 @@ async fn nbdinfo_reports_what_we_advertise() {
             "can_zero",
             "can_cache",
             "can_df",
+            "can_fast_zero",
         ] {
             assert_eq!(x[yes], true, "{yes} on {uri}");
         }
-        for no in ["is_read_only", "is_rotational", "can_fast_zero"] {
+        for no in ["is_read_only", "is_rotational"] {
             assert_eq!(x[no], false, "{no} on {uri}");
         }
+        // nbdinfo lists the metadata contexts the export offers.
+        assert_eq!(x["contexts"], serde_json::json!(["base:allocation"]), "{uri}");
     }
     let out = run(Command::new(&nbdinfo)
         .arg("--json")

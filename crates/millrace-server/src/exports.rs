@@ -145,8 +145,11 @@ impl State {
                 .and_then(|l| l.set_nonblocking(true).map(|_| l))
                 .and_then(tokio::net::TcpListener::from_std)
                 .map_err(|e| ApiError::conflict(format!("cannot listen for NBD on {addr}: {e}")))?;
-            let s = self.nbd.clone();
-            tasks.push(tokio::spawn(async move { s.serve_tcp(l).await }));
+            let (s, name) = (self.nbd.clone(), c.name.clone());
+            // An export's own port serves that export alone (the shared one serves all).
+            tasks.push(tokio::spawn(
+                async move { s.serve_tcp_only(l, &name).await },
+            ));
         }
         if let Some(path) = &c.socket {
             let _ = std::fs::remove_file(path);
@@ -162,8 +165,10 @@ impl State {
                     }
                     ApiError::conflict(format!("cannot listen for NBD on {}: {e}", path.display()))
                 })?;
-            let s = self.nbd.clone();
-            tasks.push(tokio::spawn(async move { s.serve_unix(l).await }));
+            let (s, name) = (self.nbd.clone(), c.name.clone());
+            tasks.push(tokio::spawn(
+                async move { s.serve_unix_only(l, &name).await },
+            ));
         }
         let dev = self.metered(pool, e, v)?;
         let added = self
@@ -452,6 +457,8 @@ impl State {
                         "listen": c.listen.map(|a| a.to_string()), "socket": c.socket,
                         "serving": stats.is_some(),
                         "connections": stats.map(|s| s.connections_open).unwrap_or(0),
+                        // Who: each client's address, or "local socket".
+                        "connected": self.nbd.export_clients(&c.name).unwrap_or_default(),
                     }));
                 }
             }

@@ -308,8 +308,9 @@ fn detach(dev: &str) -> Result<(), String> {
 }
 
 /// The mount options. largeio and swalloc make XFS report and allocate in full stripes;
-/// logbsize=256k lets log writes cover whole strips.
-const MOUNT_OPTS: &str = "noatime,inode64,largeio,swalloc,logbsize=256k";
+/// logbsize=256k lets log writes cover whole strips; discard sends the extents of deleted files
+/// to the volume as NBD trims, so their whole stripes go back to the pool's drives (#17).
+const MOUNT_OPTS: &str = "noatime,inode64,largeio,swalloc,logbsize=256k,discard";
 
 fn mount(dev: &str, mountpoint: &Path) -> Result<(), String> {
     run(
