@@ -104,7 +104,11 @@ async fn nbdinfo_reports_what_we_advertise() {
             assert_eq!(x[no], false, "{no} on {uri}");
         }
         // nbdinfo lists the metadata contexts the export offers.
-        assert_eq!(x["contexts"], serde_json::json!(["base:allocation"]), "{uri}");
+        assert_eq!(
+            x["contexts"],
+            serde_json::json!(["base:allocation"]),
+            "{uri}"
+        );
     }
     let out = run(Command::new(&nbdinfo)
         .arg("--json")

@@ -5,9 +5,9 @@
 //!
 //! The granule is the pool's full stripe (the unit the array deallocates without touching
 //! parity), doubled until the map has at most `MAX_GRANULES` bits, so that the map of a huge
-//! pool with small strips stays a few MiB in memory. The map lives at the end of the pool's
-//! volume space, where the volume table records it; it is written through the pool like data,
-//! so it is as redundant as the data.
+//! pool with small strips stays a few MiB in memory. The map lives at the start of the pool's
+//! volume space (at its end in pools made before maps), where the volume table records it; it
+//! is written through the pool like data, so it is as redundant as the data.
 //!
 //! A crash may only err towards "data", and the map is written without a journal:
 //! - A bit is set in memory before the write that needs it is issued, and reaches the drives
@@ -53,8 +53,8 @@ pub(crate) struct MapArea {
 
 impl MapArea {
     /// The map for the volume space `[base, end)` of a pool whose full stripe is `align`,
-    /// placed at the end of that space.
-    pub fn plan(base: u64, end: u64, align: u64) -> Option<MapArea> {
+    /// placed at the start of that space or at its end.
+    pub fn plan(base: u64, end: u64, align: u64, at_start: bool) -> Option<MapArea> {
         let span = end.checked_sub(base)?;
         let mut granule = align;
         while span.div_ceil(granule) > MAX_GRANULES {
@@ -63,8 +63,11 @@ impl MapArea {
         let granules = span.div_ceil(granule);
         let bytes = granules.div_ceil(8).div_ceil(SECTOR) * SECTOR;
         let bytes = bytes.div_ceil(align) * align;
-        let offset = end.checked_sub(bytes)?;
-        (offset > base).then_some(MapArea {
+        if bytes >= span {
+            return None;
+        }
+        let offset = if at_start { base } else { end - bytes };
+        Some(MapArea {
             base_bytes: base,
             offset_bytes: offset,
             bytes,

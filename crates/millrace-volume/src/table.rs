@@ -167,7 +167,7 @@ impl Volumes {
             }
         }
         let (generation, table) = match best {
-            Some((_, t)) if !fits(&t, round_up(TABLE_AREA_BYTES, align), dev.size_bytes()) => {
+            Some((_, t)) if !fits(&t, round_up(TABLE_AREA_BYTES, align), dev.size_bytes() / align * align) => {
                 return refuse(
                     "this pool's volume table places volumes outside the pool or over each other (the table was not written by this \
                      version of Millrace, or a drive returned bad data); no volume is opened so none can write over another. \
@@ -215,13 +215,20 @@ impl Volumes {
         round_up(TABLE_AREA_BYTES, self.align)
     }
 
-    /// Bytes volumes may use in all (less the allocation map's area, once it has one).
+    /// Bytes volumes may use in all: the volume space less the allocation map's area.
     pub fn capacity(&self) -> u64 {
         self.capacity_of(&self.inner.lock().table)
     }
 
+    /// The allocation map's area (offset, bytes) in the pool: where it is, or where the first
+    /// volume change will put it. No volume is placed there.
+    pub fn map_area_bytes(&self) -> Option<(u64, u64)> {
+        self.map_area(&self.inner.lock().table)
+            .map(|a| (a.offset_bytes, a.bytes))
+    }
+
     fn capacity_of(&self, t: &Table) -> u64 {
-        let map = t.alloc_map.map_or(0, |a| a.bytes);
+        let map = self.map_area(t).map_or(0, |a| a.bytes);
         self.raw_capacity().saturating_sub(map)
     }
 
@@ -229,12 +236,27 @@ impl Volumes {
         (self.dev.size_bytes() / self.align * self.align).saturating_sub(self.data_start())
     }
 
-    /// Where the volume space ends: the allocation map's area, or the end of the pool.
-    fn space_end(&self, t: &Table) -> u64 {
-        match t.alloc_map {
-            Some(a) => a.offset_bytes,
-            None => self.data_start() + self.raw_capacity(),
+    fn space_end(&self) -> u64 {
+        self.data_start() + self.raw_capacity()
+    }
+
+    /// Where the allocation map is, or will go when the first volume change makes it: at the
+    /// start of the volume space (next to the table, the part of a pool raw users already keep
+    /// clear), or, in a pool made before maps whose first volume lies there, at the end. None:
+    /// both are taken by volumes; the pool then has no map.
+    fn map_area(&self, t: &Table) -> Option<MapArea> {
+        if t.alloc_map.is_some() {
+            return t.alloc_map;
         }
+        let (base, end) = (self.data_start(), self.space_end());
+        let free = |a: &MapArea| {
+            t.volumes.iter().all(|v| {
+                v.offset_bytes + v.size_bytes <= a.offset_bytes
+                    || v.offset_bytes >= a.offset_bytes + a.bytes
+            })
+        };
+        let start = MapArea::plan(base, end, self.align, true).filter(free);
+        start.or_else(|| MapArea::plan(base, end, self.align, false).filter(free))
     }
 
     pub fn free_bytes(&self) -> u64 {
@@ -387,9 +409,10 @@ impl Volumes {
             .volumes
             .iter()
             .map(|v| v.offset_bytes)
+            .chain(self.map_area(&g.table).map(|a| a.offset_bytes))
             .filter(|&o| o > cur.offset_bytes)
             .min()
-            .unwrap_or(self.space_end(&g.table));
+            .unwrap_or(self.space_end());
         if cur
             .offset_bytes
             .checked_add(new_size)
@@ -481,27 +504,19 @@ impl Volumes {
         .map_err(|e| io("make the zeroed space durable", e))
     }
 
-    /// Gives the pool an allocation map at the end of its volume space, where none is yet and
-    /// the space there is free; volumes that exist are marked as data throughout.
+    /// Gives the pool its allocation map (see `map_area`), where none is yet; volumes that
+    /// exist are marked as data throughout.
     fn ensure_map(&self, g: &mut Inner) -> Result<()> {
         if g.map.is_some() {
             return Ok(());
         }
-        let end = self.data_start() + self.raw_capacity();
-        let Some(area) = MapArea::plan(self.data_start(), end, self.align) else {
-            return Ok(());
-        };
-        if g.table
-            .volumes
-            .iter()
-            .any(|v| v.offset_bytes + v.size_bytes > area.offset_bytes)
-        {
+        let Some(area) = self.map_area(&g.table) else {
             tracing::warn!(
-                "this pool's last volume reaches the end of the pool, where the allocation map goes: \
-                 its volumes read from the drives everywhere, and deleted volumes' space is still zeroed"
+                "this pool's volumes take both places its allocation map could go: \
+                 they read from the drives everywhere (a new volume's space is still zeroed first)"
             );
             return Ok(());
-        }
+        };
         let data: Vec<(u64, u64)> = g
             .table
             .volumes
@@ -518,15 +533,29 @@ impl Volumes {
         Ok(())
     }
 
+    /// Free ranges of the volume space, in order (the map's area is not free).
+    fn gaps(&self, t: &Table) -> Vec<(u64, u64)> {
+        let mut taken: Vec<(u64, u64)> = t
+            .volumes
+            .iter()
+            .map(|v| (v.offset_bytes, v.offset_bytes + v.size_bytes))
+            .collect();
+        taken.extend(
+            self.map_area(t)
+                .map(|a| (a.offset_bytes, a.offset_bytes + a.bytes)),
+        );
+        gaps(taken, self.data_start(), self.space_end())
+    }
+
     fn find_gap(&self, t: &Table, size: u64) -> Option<u64> {
-        gaps(t, self.data_start(), self.space_end(t))
+        self.gaps(t)
             .into_iter()
             .find(|(s, e)| e - s >= size)
             .map(|(s, _)| s)
     }
 
     fn largest_gap(&self, t: &Table) -> u64 {
-        gaps(t, self.data_start(), self.space_end(t))
+        self.gaps(t)
             .into_iter()
             .map(|(s, e)| e - s)
             .max()
@@ -573,7 +602,23 @@ fn no_such(name: &str) -> String {
 /// table area, and apart from the others: a table this code did not write must not make two
 /// volumes share bytes or reach past the pool.
 fn fits(t: &Table, start: u64, end: u64) -> bool {
-    let mut spans = Vec::with_capacity(t.volumes.len());
+    let mut spans = Vec::with_capacity(t.volumes.len() + 1);
+    if let Some(a) = t.alloc_map {
+        // Its bits must cover the whole volume space, and its area lie inside it.
+        let covers = a.granule_bytes >= 4096
+            && a.granules <= crate::alloc::MAX_GRANULES
+            && a.granules.div_ceil(8) <= a.bytes
+            && a.base_bytes == start
+            && a.granules
+                .checked_mul(a.granule_bytes)
+                .is_some_and(|c| c >= end - start);
+        match a.offset_bytes.checked_add(a.bytes) {
+            Some(e) if covers && a.offset_bytes >= start && e <= end => {
+                spans.push((a.offset_bytes, e))
+            }
+            _ => return false,
+        }
+    }
     for v in &t.volumes {
         match v.offset_bytes.checked_add(v.size_bytes) {
             Some(e) if v.offset_bytes >= start && e <= end => spans.push((v.offset_bytes, e)),
@@ -588,13 +633,8 @@ fn used(t: &Table) -> u64 {
     t.volumes.iter().map(|v| v.size_bytes).sum()
 }
 
-/// Free ranges between `start` and `end`, in order.
-fn gaps(t: &Table, start: u64, end: u64) -> Vec<(u64, u64)> {
-    let mut vs: Vec<(u64, u64)> = t
-        .volumes
-        .iter()
-        .map(|v| (v.offset_bytes, v.offset_bytes + v.size_bytes))
-        .collect();
+/// Free ranges between `start` and `end`, in order, around the `taken` ones.
+fn gaps(mut vs: Vec<(u64, u64)>, start: u64, end: u64) -> Vec<(u64, u64)> {
     vs.sort();
     let mut out = Vec::new();
     let mut at = start;

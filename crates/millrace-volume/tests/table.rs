@@ -70,13 +70,18 @@ fn largest_gap(v: &Volumes) -> u64 {
         .iter()
         .map(|v| (v.offset_bytes, v.offset_bytes + v.size_bytes))
         .collect();
+    // The allocation map's area is taken too.
+    let map = v.map_area_bytes().map_or(0, |(o, b)| {
+        spans.push((o, o + b));
+        b
+    });
     spans.sort();
     let (mut at, mut best) = (v.data_start(), 0);
     for (s, e) in spans {
         best = best.max(s.saturating_sub(at));
         at = at.max(e);
     }
-    best.max((v.data_start() + v.capacity()).saturating_sub(at))
+    best.max((v.data_start() + v.capacity() + map).saturating_sub(at))
 }
 
 proptest! {
