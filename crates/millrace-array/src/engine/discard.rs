@@ -142,7 +142,7 @@ impl Array {
 
     /// Deallocates rows `row..row + n` on every member in service; the caller holds their
     /// locks. A pool that is not whole writes zeroes instead, through the engine (and its
-    /// journal): the rows of a missing member are rebuilt from the others, and a crash in a
+    /// partial-parity log): the rows of a missing member are rebuilt from the others, and a crash in a
     /// degraded pool must not leave a row half deallocated with no parity to repair it from.
     fn deallocate_locked(&self, row: u64, n: u64) -> Result<()> {
         let fs = self.geo.full_stripe_bytes();
@@ -160,8 +160,9 @@ impl Array {
         if let Some(b) = &self.bitmap {
             b.mark(row, row + n - 1, &self.live_drives());
         }
-        // A journal record left by a degraded write must never be replayed over these rows.
-        self.retire_journal();
+        // A partial-parity log record left by a degraded write must never be replayed over
+        // these rows.
+        self.retire_log();
         let drives = self.drives.load_full();
         let (at, bytes) = (self.member_offset(row, 0), n * self.geo.strip);
         for m in 0..self.geo.members {
