@@ -8,6 +8,8 @@ APT_PKGS=(
   libisal2        # ISA-L: the reference the parity kernels are checked and benchmarked against
   fio             # the raw-drive peer in benchmarks, and fio --ioengine=nbd in tests
   libnbd-bin      # nbdinfo / nbdcopy: real NBD clients
+  python3-libnbd  # nbdsh: fast zero and block status by hand (tests/nbd/stock-tools.sh)
+  qemu-utils      # qemu-img map / convert against the NBD export (tests/nbd/stock-tools.sh)
   nbdkit          # the NBD peer in benchmarks
   nbd-client      # the kernel NBD client (guest tests)
   nvme-cli        # the NVMe/TCP client (guest tests)
