@@ -188,7 +188,10 @@ async fn export_name_and_list_and_default_export() {
         if want.len() == 1 {
             assert_eq!(r.unwrap().size, 2 * MIB);
         } else {
-            assert_eq!(r.unwrap_err().0, REP_ERR_UNKNOWN);
+            // Refused, with the names of the exports this client may use.
+            let (kind, msg) = r.unwrap_err();
+            assert_eq!(kind, REP_ERR_UNKNOWN);
+            assert!(msg.contains("a, b"), "{msg}");
         }
         send_option(&mut s, OPT_ABORT, &[]).await.unwrap();
         assert_eq!(read_opt_reply(&mut s).await.unwrap().kind, REP_ACK);
@@ -213,6 +216,54 @@ async fn export_name_and_list_and_default_export() {
     greet(&mut s).await.unwrap();
     send_option(&mut s, OPT_EXPORT_NAME, b"nope").await.unwrap();
     expect_closed(&mut s).await;
+}
+
+/// An export's own socket serves that export alone: LIST shows only it, the empty name picks
+/// it, and another export's name is unknown there.
+#[tokio::test]
+async fn an_exports_own_socket_serves_it_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = NbdServer::new();
+    for (n, size) in [("a", MIB), ("b", 2 * MIB)] {
+        let dev = Arc::new(MemBlockDevice::new(size));
+        server.add_export(export(n, dev, &[])).unwrap();
+    }
+    let path = dir.path().join("b.sock");
+    let l = tokio::net::UnixListener::bind(&path).unwrap();
+    let srv = server.clone();
+    tokio::spawn(async move { srv.serve_unix_only(l, "b").await });
+    let mut s = UnixStream::connect(&path).await.unwrap();
+    greet(&mut s).await.unwrap();
+    send_option(&mut s, OPT_LIST, &[]).await.unwrap();
+    let mut names = Vec::new();
+    loop {
+        let r = read_opt_reply(&mut s).await.unwrap();
+        match r.kind {
+            REP_SERVER => names.push(String::from_utf8(r.data[4..].to_vec()).unwrap()),
+            REP_ACK => break,
+            k => panic!("unexpected {k:#x}"),
+        }
+    }
+    assert_eq!(names, vec!["b"]);
+    let (kind, msg) = info_or_go(&mut s, OPT_INFO, "a")
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(kind, REP_ERR_UNKNOWN);
+    assert!(msg.contains("serves only export \"b\""), "{msg}");
+    let info = info_or_go(&mut s, OPT_GO, "").await.unwrap().unwrap();
+    assert_eq!(info.size, 2 * MIB);
+    // The server lists the client once its connection enters transmission, just after the ack.
+    let mut who = Vec::new();
+    for _ in 0..100 {
+        who = server.export_clients("b").unwrap();
+        if !who.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(who, vec!["local socket"]);
+    assert!(server.export_clients("a").unwrap().is_empty());
 }
 
 #[tokio::test]
