@@ -16,6 +16,7 @@ pub const MAX_MEMBERS: usize = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Level {
     Raid0,
     Raid1,

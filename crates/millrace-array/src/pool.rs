@@ -60,6 +60,7 @@ pub struct CreateOptions {
 
 /// What an admin or a script sees of a pool.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PoolInfo {
     pub name: String,
     pub uuid: Uuid,
@@ -83,6 +84,7 @@ pub struct PoolInfo {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RebuildInfo {
     pub rows_done: u64,
     pub rows_total: u64,
@@ -90,6 +92,7 @@ pub struct RebuildInfo {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct MemberInfo {
     pub index: usize,
     pub path: Option<String>,

@@ -36,6 +36,7 @@ const CRC_AT: usize = SLOT_BYTES - 4;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum MemberState {
     Online,
     Faulty,

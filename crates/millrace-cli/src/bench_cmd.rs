@@ -4,6 +4,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use millrace_array::{Cache, Level};
 use millrace_bench::{sim::SimSpec, Options, Setup};
+use millrace_server::model::{BenchRequest, JobStarted};
 
 use crate::format::parse_bytes;
 
@@ -60,6 +61,12 @@ pub struct BenchArgs {
     plot: Option<PathBuf>,
 }
 
+/// What `--json` writes of a served pool's bench: the job's `results`.
+#[derive(serde::Serialize)]
+struct BenchResults<'a> {
+    results: &'a serde_json::Value,
+}
+
 /// A served pool is benched by the server (it holds the drives): its read workloads only.
 pub fn run_api(api: &crate::client::Api, a: BenchArgs) -> Result<()> {
     let Some(pool) = &a.pool else {
@@ -71,21 +78,24 @@ pub fn run_api(api: &crate::client::Api, a: BenchArgs) -> Result<()> {
     if a.plot.is_some() {
         eprintln!("note: a served pool's bench draws no plot here; write --json and plot it from the results, or stop the server");
     }
-    let v = api.post(
-        "/api/v1/bench",
-        &serde_json::json!({
-            "pool": pool, "suite": a.suite, "jobs": a.jobs, "iodepth": a.iodepth, "bs": a.bs,
-            "degraded": a.degraded, "seconds": a.seconds,
-        }),
-    )?;
-    let id = v["job"]
-        .as_u64()
-        .ok_or_else(|| anyhow::anyhow!("the server started no bench job"))?;
+    let req = BenchRequest {
+        pool: Some(pool.clone()),
+        suite: Some(a.suite.clone()),
+        jobs: Some(a.jobs.clone()),
+        iodepth: Some(a.iodepth.clone()),
+        bs: a.bs.clone(),
+        degraded: Some(a.degraded.clone()),
+        seconds: Some(a.seconds),
+        ..Default::default()
+    };
+    let id = api.post_as::<_, JobStarted>("/api/v1/bench", &req)?.job;
     eprintln!("note: the server benches pool {pool}'s read workloads (job {id}); writes are left out while it serves");
     let j = api.follow_job(id, "benchmarking")?;
     print!("{}", j["result"]["table"].as_str().unwrap_or(""));
     if let Some(f) = &a.json {
-        let results = serde_json::json!({ "results": j["result"]["results"] });
+        let results = BenchResults {
+            results: &j["result"]["results"],
+        };
         std::fs::write(f, serde_json::to_string_pretty(&results)?)
             .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", f.display()))?;
         eprintln!("results written to {}", f.display());

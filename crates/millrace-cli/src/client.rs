@@ -127,14 +127,37 @@ impl Api {
             .with_context(|| format!("the server's answer to GET {path} is not what this CLI expects; are the CLI and the server the same version?"))
     }
 
-    pub fn post(&self, path: &str, body: &Value) -> Result<Value> {
-        let r = self.auth(self.agent.post(self.url(path))).send_json(body);
-        self.finish(&format!("POST {path}"), r)
+    fn typed<T: DeserializeOwned>(what: &str, v: Value) -> Result<T> {
+        serde_json::from_value(v)
+            .with_context(|| format!("the server's answer to {what} is not what this CLI expects; are the CLI and the server the same version?"))
     }
 
-    pub fn patch(&self, path: &str, body: &Value) -> Result<Value> {
+    pub fn post_as<B: serde::Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T> {
+        let r = self.auth(self.agent.post(self.url(path))).send_json(body);
+        Self::typed(
+            &format!("POST {path}"),
+            self.finish(&format!("POST {path}"), r)?,
+        )
+    }
+
+    pub fn patch_as<B: serde::Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T> {
         let r = self.auth(self.agent.patch(self.url(path))).send_json(body);
-        self.finish(&format!("PATCH {path}"), r)
+        Self::typed(
+            &format!("PATCH {path}"),
+            self.finish(&format!("PATCH {path}"), r)?,
+        )
+    }
+
+    pub fn delete_as<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        Self::typed(&format!("DELETE {path}"), self.delete(path)?)
     }
 
     pub fn delete(&self, path: &str) -> Result<Value> {

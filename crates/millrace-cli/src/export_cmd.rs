@@ -1,16 +1,18 @@
 //! `millrace export`: volumes served over NVMe/TCP and NBD. The settings live in the volume's
 //! own metadata, so exports survive restarts and travel with the pool. Through the server's
 //! API when one runs (the export starts at once); else recorded for the next `millrace serve`.
+//! Written once against the service layer.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use clap::Subcommand;
-use serde_json::{json, Value};
+use millrace_server::model::{NbdExportRequest, NvmeExportRequest};
+use serde_json::Value;
 
-use crate::client::{seg, Api};
 use crate::format::table;
+use crate::service::Service;
 use crate::volume_cmd::split;
 
 #[derive(Subcommand)]
@@ -91,130 +93,93 @@ pub enum NbdCmd {
     },
 }
 
-/// Runs `f` on a server state: the live one through the API, or one opened offline.
-fn offline<T>(
-    home: &Path,
-    f: impl FnOnce(&millrace_server::State) -> Result<T, millrace_server::ApiError>,
-) -> Result<T> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let _g = rt.enter();
-    let st = millrace_server::State::open_offline(home)?;
-    let r = f(&st);
-    st.close()?;
-    r.map_err(|e| anyhow::anyhow!("{}", e.message))
-}
-
-fn list(home: &Path, api: Option<&Api>, json: bool, only: Option<&str>) -> Result<()> {
-    let mut v: Value = match api {
-        Some(a) => a.get("/api/v1/exports")?,
-        None => offline(home, |s| Ok(s.exports_view()))?,
-    };
-    if let Some(k) = only {
-        v = json!({ k: v[k].clone() });
-    }
+fn list(svc: &dyn Service, json: bool, only: Option<&str>) -> Result<()> {
+    let view = svc.exports()?;
     if json {
+        // Through a Value, whose keys are sorted, as this command has always printed them.
+        let mut v = serde_json::to_value(&view)?;
+        if let (Some(k), Value::Object(all)) = (only, &mut v) {
+            let kept = all.remove(k).unwrap_or(Value::Null);
+            v = Value::Object([(k.to_string(), kept)].into_iter().collect());
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    let live = api.is_some();
+    let live = svc.live();
+    let not_running = || "(server not running)".to_string();
     let mut t = table(&["volume", "protocol", "name", "allowed", "connections"]);
-    let mut any = false;
-    for e in v["nvme"].as_array().into_iter().flatten() {
-        any = true;
-        let hosts: Vec<&str> = e["hosts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|h| h.as_str())
+    let nvme = if only == Some("nbd") {
+        &[][..]
+    } else {
+        &view.nvme[..]
+    };
+    let nbd = if only == Some("nvme") {
+        &[][..]
+    } else {
+        &view.nbd[..]
+    };
+    for e in nvme {
+        let connections: Vec<String> = (e.connections.iter())
+            .map(|c| format!("{} from {}", c.host, c.peer))
             .collect();
         t.add_row(vec![
-            format!(
-                "{}/{}",
-                e["pool"].as_str().unwrap_or(""),
-                e["volume"].as_str().unwrap_or("")
-            ),
+            format!("{}/{}", e.pool, e.volume),
             "nvme-tcp".into(),
-            e["nqn"].as_str().unwrap_or("").into(),
-            if e["allow_any_host"].as_bool() == Some(true) {
+            e.nqn.clone(),
+            if e.allow_any_host {
                 "any host".into()
             } else {
-                hosts.join("\n")
+                e.hosts.join("\n")
             },
-            if live {
-                let c: Vec<String> = e["connections"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|c| {
-                        format!(
-                            "{} from {}",
-                            c["host"].as_str().unwrap_or("?"),
-                            c["peer"].as_str().unwrap_or("?")
-                        )
-                    })
-                    .collect();
-                if c.is_empty() {
-                    "0".into()
-                } else {
-                    c.join("\n")
-                }
-            } else {
-                "(server not running)".into()
+            match (live, connections.is_empty()) {
+                (false, _) => not_running(),
+                (true, true) => "0".into(),
+                (true, false) => connections.join("\n"),
             },
         ]);
     }
-    for e in v["nbd"].as_array().into_iter().flatten() {
-        any = true;
-        let clients: Vec<&str> = e["clients"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|h| h.as_str())
-            .collect();
+    for e in nbd {
         let mut allowed = vec!["unix socket".to_string()];
-        allowed.extend(clients.iter().map(|c| c.to_string()));
+        allowed.extend(e.clients.iter().cloned());
         t.add_row(vec![
-            format!(
-                "{}/{}",
-                e["pool"].as_str().unwrap_or(""),
-                e["volume"].as_str().unwrap_or("")
-            ),
+            format!("{}/{}", e.pool, e.volume),
             "nbd".into(),
-            e["name"].as_str().unwrap_or("").into(),
+            e.name.clone(),
             allowed.join("\n"),
             if live {
                 // Each client by name (address, or "local socket"), as for NVMe hosts.
-                let who: Vec<&str> = e["connected"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|c| c.as_str())
-                    .collect();
-                if who.is_empty() {
+                if e.connected.is_empty() {
                     "none".into()
                 } else {
-                    who.join("\n")
+                    e.connected.join("\n")
                 }
             } else {
-                "(server not running)".into()
+                not_running()
             },
         ]);
     }
-    if any {
-        println!("{t}");
-    } else {
+    if nvme.is_empty() && nbd.is_empty() {
         println!("no exports (add one with `millrace export nvme add POOL/VOLUME --host NQN`)");
+    } else {
+        println!("{t}");
     }
     Ok(())
 }
 
-pub fn run(home: &Path, api: Option<&Api>, cmd: ExportCmd) -> Result<()> {
+/// What an export made with no server running adds to its line.
+fn when(svc: &dyn Service) -> &'static str {
+    if svc.live() {
+        ""
+    } else {
+        " (served when `millrace serve` starts)"
+    }
+}
+
+pub fn run(home: &Path, svc: &dyn Service, cmd: ExportCmd) -> Result<()> {
     match cmd {
-        ExportCmd::List { json } => list(home, api, json, None),
-        ExportCmd::Nvme(NvmeCmd::List { json }) => list(home, api, json, Some("nvme")),
-        ExportCmd::Nbd(NbdCmd::List { json }) => list(home, api, json, Some("nbd")),
+        ExportCmd::List { json } => list(svc, json, None),
+        ExportCmd::Nvme(NvmeCmd::List { json }) => list(svc, json, Some("nvme")),
+        ExportCmd::Nbd(NbdCmd::List { json }) => list(svc, json, Some("nbd")),
         ExportCmd::Nvme(NvmeCmd::Add {
             volume,
             hosts,
@@ -223,38 +188,30 @@ pub fn run(home: &Path, api: Option<&Api>, cmd: ExportCmd) -> Result<()> {
             json,
         }) => {
             let (pool, vol) = split(&volume)?;
-            let c: Value = match api {
-                Some(a) => a.post(
-                    "/api/v1/exports/nvme",
-                    &json!({"pool": pool, "volume": vol, "nqn": nqn, "hosts": hosts, "allow_any_host": allow_any_host}),
-                )?,
-                None => serde_json::to_value(offline(home, |s| {
-                    s.add_nvme_export(pool, vol, nqn.clone(), hosts.clone(), allow_any_host)
-                })?)?,
-            };
+            let c = svc.add_nvme(NvmeExportRequest {
+                pool: pool.into(),
+                volume: vol.into(),
+                nqn,
+                hosts,
+                allow_any_host,
+            })?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&c)?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::to_value(&c)?)?
+                );
             } else {
                 println!(
                     "{volume} is exported over NVMe/TCP as {}{}",
-                    c["nqn"].as_str().unwrap_or("?"),
-                    if api.is_some() {
-                        ""
-                    } else {
-                        " (served when `millrace serve` starts)"
-                    }
+                    c.nqn,
+                    when(svc)
                 );
             }
             Ok(())
         }
         ExportCmd::Nvme(NvmeCmd::Remove { volume }) => {
             let (pool, vol) = split(&volume)?;
-            match api {
-                Some(a) => {
-                    a.delete(&format!("/api/v1/exports/nvme/{}/{}", seg(pool), seg(vol)))?;
-                }
-                None => offline(home, |s| s.remove_nvme_export(pool, vol))?,
-            }
+            svc.remove_nvme(pool, vol)?;
             println!("{volume} is no longer exported over NVMe/TCP");
             Ok(())
         }
@@ -268,46 +225,35 @@ pub fn run(home: &Path, api: Option<&Api>, cmd: ExportCmd) -> Result<()> {
         }) => {
             let (pool, vol) = split(&volume)?;
             let socket = socket.map(|p| std::path::absolute(&p).unwrap_or(p));
-            let c: Value = match api {
-                Some(a) => a.post(
-                    "/api/v1/exports/nbd",
-                    &json!({"pool": pool, "volume": vol, "name": name, "clients": clients, "listen": listen, "socket": socket}),
-                )?,
-                None => serde_json::to_value(offline(home, |s| {
-                    s.add_nbd_export(pool, vol, name.clone(), clients.clone(), listen, socket.clone())
-                })?)?,
-            };
+            let c = svc.add_nbd(NbdExportRequest {
+                pool: pool.into(),
+                volume: vol.into(),
+                name,
+                clients,
+                listen,
+                socket,
+            })?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&c)?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::to_value(&c)?)?
+                );
             } else {
                 let mut at = vec![millrace_server::nbd_socket(home).display().to_string()];
-                if let Some(s) = c["socket"].as_str() {
-                    at.push(s.to_string());
-                }
-                if let Some(l) = c["listen"].as_str() {
-                    at.push(format!("tcp {l}"));
-                }
+                at.extend(c.socket.as_ref().map(|s| s.display().to_string()));
+                at.extend(c.listen.map(|l| format!("tcp {l}")));
                 println!(
                     "{volume} is exported over NBD as '{}' on {}{}",
-                    c["name"].as_str().unwrap_or("?"),
+                    c.name,
                     at.join(", "),
-                    if api.is_some() {
-                        ""
-                    } else {
-                        " (served when `millrace serve` starts)"
-                    }
+                    when(svc)
                 );
             }
             Ok(())
         }
         ExportCmd::Nbd(NbdCmd::Remove { volume }) => {
             let (pool, vol) = split(&volume)?;
-            match api {
-                Some(a) => {
-                    a.delete(&format!("/api/v1/exports/nbd/{}/{}", seg(pool), seg(vol)))?;
-                }
-                None => offline(home, |s| s.remove_nbd_export(pool, vol))?,
-            }
+            svc.remove_nbd(pool, vol)?;
             println!("{volume} is no longer exported over NBD");
             Ok(())
         }

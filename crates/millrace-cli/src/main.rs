@@ -1,5 +1,8 @@
 //! `millrace`: one command for pools, I/O, the server and the bench.
 
+// Functions stay under 100 lines (clippy.toml); tests may be longer.
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 mod bench_cmd;
 mod client;
 mod export_cmd;
@@ -8,6 +11,7 @@ mod io_cmd;
 mod pool_cmd;
 mod rdma_fmt;
 mod serve_cmd;
+mod service;
 mod share_cmd;
 mod volume_cmd;
 
@@ -73,6 +77,19 @@ enum Cmd {
     },
 }
 
+/// Runs a command against the service layer, and ends the session (closing pools opened here)
+/// whether or not the command succeeded.
+fn with_service(
+    home: &std::path::Path,
+    api: Option<&client::Api>,
+    f: impl FnOnce(&dyn service::Service) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let svc = service::open(home, api)?;
+    let r = f(&*svc);
+    let closed = svc.finish();
+    r.and(closed)
+}
+
 fn main() {
     // Like other Unix tools, end quietly when the reader of our output goes away (`| head`).
     // SAFETY: setting a signal's disposition to its default before any thread starts.
@@ -104,9 +121,9 @@ fn main() {
         let api = api.as_ref();
         match cli.cmd {
             Cmd::Pool(c) => pool_cmd::run(home, api, c),
-            Cmd::Volume(c) => volume_cmd::run(home, api, c),
-            Cmd::Export(c) => export_cmd::run(home, api, c),
-            Cmd::Share(c) => share_cmd::run(home, api, c),
+            Cmd::Volume(c) => with_service(home, api, |s| volume_cmd::run(s, c)),
+            Cmd::Export(c) => with_service(home, api, |s| export_cmd::run(home, s, c)),
+            Cmd::Share(c) => with_service(home, api, |s| share_cmd::run(home, s, c)),
             Cmd::Io(c) => io_cmd::run(home, api, c),
             Cmd::Status { json } => pool_cmd::status(home, api, json),
             Cmd::Bench(a) => match api {

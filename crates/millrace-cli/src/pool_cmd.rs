@@ -4,7 +4,10 @@ use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use millrace_array::{Cache, CreateOptions, Level, Pool, PoolInfo};
 
-use serde_json::json;
+use millrace_server::model::{
+    CreatePool, ImportRequest, ImportResponse, JobStarted, Message, PathRequest, PoolView,
+    RebuildRequest, RebuildResponse, ReplaceRequest, ReplaceResponse, ScrubRequest,
+};
 
 use crate::client::{seg, Api};
 use crate::format::{human, parse_bytes, table};
@@ -163,37 +166,21 @@ fn run_api(api: &Api, cmd: PoolCmd) -> Result<()> {
             json,
             drives,
         } => {
-            if data_offset.is_some() {
-                bail!("--data-offset is only for pools created with no server running; stop `millrace serve` or leave it out");
-            }
-            let drives: Vec<PathBuf> = drives
-                .iter()
-                .map(|d| std::path::absolute(d).unwrap_or(d.clone()))
-                .collect();
-            let v = api.post(
-                "/api/v1/pools",
-                &json!({
-                    "name": name, "level": level.to_string(), "strip_bytes": strip, "group": group,
-                    "drives": drives, "create_size_bytes": create, "force": force,
-                }),
-            )?;
-            print_pool(&serde_json::from_value(v)?, json)
+            let req = CreatePool {
+                name,
+                level: level.to_string(),
+                strip_bytes: Some(strip),
+                group,
+                drives: drives.iter().map(|d| abs(d)).collect(),
+                create_size_bytes: create,
+                data_offset_bytes: data_offset,
+                force,
+            };
+            let v: PoolView = api.post_as("/api/v1/pools", &req)?;
+            print_pool(&v.info, json)
         }
         PoolCmd::Show { name, json } => print_pool(&api.get_as(&p(&name))?, json),
-        PoolCmd::List { json } => {
-            let v = api.get("/api/v1/pools")?;
-            let infos: Vec<PoolInfo> = serde_json::from_value(v["pools"].clone())?;
-            let st = api.get("/api/v1/status")?;
-            let mut rows: Vec<std::result::Result<PoolInfo, (String, String)>> =
-                infos.into_iter().map(Ok).collect();
-            if let Some(u) = st["unavailable_pools"].as_object() {
-                rows.extend(
-                    u.iter()
-                        .map(|(n, e)| Err((n.clone(), e.as_str().unwrap_or("").to_string()))),
-                );
-            }
-            print_list(&rows, json, "the server")
-        }
+        PoolCmd::List { json } => api_list(api, json),
         PoolCmd::Import {
             drives,
             json,
@@ -203,27 +190,30 @@ fn run_api(api: &Api, cmd: PoolCmd) -> Result<()> {
                 .iter()
                 .map(|d| std::path::absolute(d).unwrap_or(d.clone()))
                 .collect();
-            let v = api.post(
-                "/api/v1/pools/import",
-                &json!({"drives": drives, "force": force}),
-            )?;
-            for n in v["notes"].as_array().into_iter().flatten() {
-                eprintln!("note: {}", n.as_str().unwrap_or(""));
+            let v: ImportResponse =
+                api.post_as("/api/v1/pools/import", &ImportRequest { drives, force })?;
+            for n in &v.notes {
+                eprintln!("note: {n}");
             }
-            let infos: Vec<PoolInfo> = serde_json::from_value(v["pools"].clone())?;
+            let infos: Vec<PoolInfo> = v.pools.into_iter().map(|p| p.info).collect();
             print_imported(&infos, json)
         }
         PoolCmd::Fail { name, drive } => {
-            let v = api.post(&format!("{}/fail", p(&name)), &json!({"path": abs(&drive)}))?;
-            println!("{}", v["message"].as_str().unwrap_or(""));
+            let req = PathRequest {
+                path: abs(&drive),
+                force: false,
+            };
+            let v: Message = api.post_as(&format!("{}/fail", p(&name)), &req)?;
+            println!("{}", v.message);
             follow_rebuild(api, &name)
         }
         PoolCmd::Spare(SpareCmd::Add { name, drive, force }) => {
-            let v = api.post(
-                &format!("{}/spares", p(&name)),
-                &json!({"path": abs(&drive), "force": force}),
-            )?;
-            println!("{}", v["message"].as_str().unwrap_or(""));
+            let req = PathRequest {
+                path: abs(&drive),
+                force,
+            };
+            let v: Message = api.post_as(&format!("{}/spares", p(&name)), &req)?;
+            println!("{}", v.message);
             follow_rebuild(api, &name)
         }
         PoolCmd::Replace {
@@ -233,46 +223,18 @@ fn run_api(api: &Api, cmd: PoolCmd) -> Result<()> {
             force,
             rate,
         } => {
-            let v = api.post(&format!("{}/replace", p(&name)), &json!({"old": abs(&old), "new": abs(&new), "force": force, "rate_bytes_per_sec": rate}))?;
-            println!("{}", v["message"].as_str().unwrap_or(""));
+            let req = ReplaceRequest {
+                old: abs(&old),
+                new: abs(&new),
+                force,
+                rate_bytes_per_sec: rate,
+            };
+            let v: ReplaceResponse = api.post_as(&format!("{}/replace", p(&name)), &req)?;
+            println!("{}", v.message);
             follow_rebuild(api, &name)
         }
-        PoolCmd::Rebuild { name, rate } => {
-            let v = api.post(
-                &format!("{}/rebuild", p(&name)),
-                &json!({"rate_bytes_per_sec": rate}),
-            )?;
-            match v["job"].as_u64() {
-                Some(id) => {
-                    let j = api.follow_job(id, "rebuilding")?;
-                    let info: PoolInfo = api.get_as(&p(&name))?;
-                    println!(
-                        "{}; pool '{name}' is {}",
-                        j["message"].as_str().unwrap_or("rebuilt"),
-                        info.state
-                    );
-                }
-                None => println!("nothing to rebuild in pool '{name}'"),
-            }
-            Ok(())
-        }
-        PoolCmd::Scrub { name, repair, json } => {
-            let v = api.post(&format!("{}/scrub", p(&name)), &json!({"repair": repair}))?;
-            let id = v["job"]
-                .as_u64()
-                .ok_or_else(|| anyhow::anyhow!("the server started no scrub job"))?;
-            let j = api.follow_job(
-                id,
-                if repair {
-                    "scrubbing and repairing"
-                } else {
-                    "scrubbing"
-                },
-            )?;
-            let rep: millrace_array::engine::ScrubReport =
-                serde_json::from_value(j["result"].clone())?;
-            print_scrub(&name, &rep, repair, json)
-        }
+        PoolCmd::Rebuild { name, rate } => api_rebuild(api, &name, rate),
+        PoolCmd::Scrub { name, repair, json } => api_scrub(api, &name, repair, json),
         PoolCmd::Destroy { name, yes } => {
             if !yes {
                 bail!(
@@ -284,6 +246,156 @@ fn run_api(api: &Api, cmd: PoolCmd) -> Result<()> {
             Ok(())
         }
     }
+}
+
+fn api_list(api: &Api, json: bool) -> Result<()> {
+    let v = api.get("/api/v1/pools")?;
+    let infos: Vec<PoolInfo> = serde_json::from_value(v["pools"].clone())?;
+    let st = api.get("/api/v1/status")?;
+    let mut rows: Vec<std::result::Result<PoolInfo, (String, String)>> =
+        infos.into_iter().map(Ok).collect();
+    if let Some(u) = st["unavailable_pools"].as_object() {
+        rows.extend(
+            u.iter()
+                .map(|(n, e)| Err((n.clone(), e.as_str().unwrap_or("").to_string()))),
+        );
+    }
+    print_list(&rows, json, "the server")
+}
+
+fn api_rebuild(api: &Api, name: &str, rate: Option<u64>) -> Result<()> {
+    let p = |name: &str| format!("/api/v1/pools/{}", seg(name));
+    let req = RebuildRequest {
+        rate_bytes_per_sec: rate,
+    };
+    let v: RebuildResponse = api.post_as(&format!("{}/rebuild", p(&name)), &req)?;
+    match v.job {
+        Some(id) => {
+            let j = api.follow_job(id, "rebuilding")?;
+            let info: PoolInfo = api.get_as(&p(&name))?;
+            println!(
+                "{}; pool '{name}' is {}",
+                j["message"].as_str().unwrap_or("rebuilt"),
+                info.state
+            );
+        }
+        None => println!("nothing to rebuild in pool '{name}'"),
+    }
+    Ok(())
+}
+
+fn api_scrub(api: &Api, name: &str, repair: bool, json: bool) -> Result<()> {
+    let p = |name: &str| format!("/api/v1/pools/{}", seg(name));
+    let v: JobStarted = api.post_as(&format!("{}/scrub", p(&name)), &ScrubRequest { repair })?;
+    let id = v.job;
+    let j = api.follow_job(
+        id,
+        if repair {
+            "scrubbing and repairing"
+        } else {
+            "scrubbing"
+        },
+    )?;
+    let rep: millrace_array::engine::ScrubReport = serde_json::from_value(j["result"].clone())?;
+    print_scrub(&name, &rep, repair, json)
+}
+
+fn offline_fail(home: &Path, name: &str, drive: &Path) -> Result<()> {
+    let pool = Cache::load(home)?.open(name)?;
+    let msg = pool.fail(&drive)?;
+    println!("{msg}");
+    let cache_paths_changed = pool.info().rebuild.is_some();
+    if cache_paths_changed {
+        let mut cache = Cache::load(home)?;
+        cache.remember(&pool);
+        cache.save(home)?;
+        rebuild(&pool, None)?;
+    }
+    pool.close()?;
+    Ok(())
+}
+
+fn offline_spare(home: &Path, name: &str, drive: &Path, force: bool) -> Result<()> {
+    let pool = Cache::load(home)?.open(name)?;
+    println!("{}", pool.add_spare(&drive, force)?);
+    let mut cache = Cache::load(home)?;
+    cache.remember(&pool);
+    cache.save(home)?;
+    if pool.info().rebuild.is_some() {
+        rebuild(&pool, None)?;
+    }
+    pool.close()?;
+    Ok(())
+}
+
+fn offline_scrub(home: &Path, name: &str, repair: bool, json: bool) -> Result<()> {
+    let pool = Cache::load(home)?.open(name)?;
+    let bar = progress_bar(if repair {
+        "scrubbing and repairing"
+    } else {
+        "scrubbing"
+    });
+    let rep = pool.scrub(repair, |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })?;
+    bar.finish_and_clear();
+    pool.close()?;
+    print_scrub(&name, &rep, repair, json)?;
+    Ok(())
+}
+
+fn offline_create(home: &Path, opts: CreateOptions, drives: &[PathBuf], json: bool) -> Result<()> {
+    let mut cache = Cache::load(home)?;
+    if cache.pools.contains_key(&opts.name) {
+        if cache.open(&opts.name).is_ok() {
+            bail!(
+            "a pool named '{name}' already exists; pick another name, or destroy it first with `millrace pool destroy {name} --yes`",
+            name = opts.name
+        );
+        }
+        cache.pools.remove(&opts.name);
+    }
+    let pool = Pool::create(&opts, drives)?;
+    for n in &pool.notes {
+        eprintln!("note: {n}");
+    }
+    if !pool.superblock().clean {
+        let bar = progress_bar("initialising parity");
+        pool.resync(|done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        })?;
+        bar.finish_and_clear();
+    }
+    pool.close()?;
+    cache.remember(&pool);
+    cache.save(home)?;
+    print_pool(&pool.info(), json)
+}
+
+fn offline_import(home: &Path, drives: &[PathBuf], json: bool, force: bool) -> Result<()> {
+    let (pools, notes) = Pool::import_with(drives, force)?;
+    for n in &notes {
+        eprintln!("note: {n}");
+    }
+    if pools.is_empty() {
+        bail!(
+            "no Millrace pool was found on the {} drives given",
+            drives.len()
+        );
+    }
+    let mut cache = Cache::load(home)?;
+    let mut infos = Vec::new();
+    for p in &pools {
+        for n in &p.notes {
+            eprintln!("note: {n}");
+        }
+        cache.remember(p);
+        infos.push(p.info());
+    }
+    cache.save(home)?;
+    print_imported(&infos, json)
 }
 
 fn abs(p: &Path) -> PathBuf {
@@ -314,31 +426,9 @@ pub fn run(home: &Path, api: Option<&Api>, cmd: PoolCmd) -> Result<()> {
         return run_api(a, cmd);
     }
     match cmd {
-        PoolCmd::Fail { name, drive } => {
-            let pool = Cache::load(home)?.open(&name)?;
-            let msg = pool.fail(&drive)?;
-            println!("{msg}");
-            let cache_paths_changed = pool.info().rebuild.is_some();
-            if cache_paths_changed {
-                let mut cache = Cache::load(home)?;
-                cache.remember(&pool);
-                cache.save(home)?;
-                rebuild(&pool, None)?;
-            }
-            pool.close()?;
-            Ok(())
-        }
+        PoolCmd::Fail { name, drive } => offline_fail(home, &name, &drive),
         PoolCmd::Spare(SpareCmd::Add { name, drive, force }) => {
-            let pool = Cache::load(home)?.open(&name)?;
-            println!("{}", pool.add_spare(&drive, force)?);
-            let mut cache = Cache::load(home)?;
-            cache.remember(&pool);
-            cache.save(home)?;
-            if pool.info().rebuild.is_some() {
-                rebuild(&pool, None)?;
-            }
-            pool.close()?;
-            Ok(())
+            offline_spare(home, &name, &drive, force)
         }
         PoolCmd::Replace {
             name,
@@ -362,22 +452,7 @@ pub fn run(home: &Path, api: Option<&Api>, cmd: PoolCmd) -> Result<()> {
             pool.close()?;
             Ok(())
         }
-        PoolCmd::Scrub { name, repair, json } => {
-            let pool = Cache::load(home)?.open(&name)?;
-            let bar = progress_bar(if repair {
-                "scrubbing and repairing"
-            } else {
-                "scrubbing"
-            });
-            let rep = pool.scrub(repair, |done, total| {
-                bar.set_length(total);
-                bar.set_position(done);
-            })?;
-            bar.finish_and_clear();
-            pool.close()?;
-            print_scrub(&name, &rep, repair, json)?;
-            Ok(())
-        }
+        PoolCmd::Scrub { name, repair, json } => offline_scrub(home, &name, repair, json),
         PoolCmd::Create {
             name,
             level,
@@ -389,13 +464,6 @@ pub fn run(home: &Path, api: Option<&Api>, cmd: PoolCmd) -> Result<()> {
             json,
             drives,
         } => {
-            let mut cache = Cache::load(home)?;
-            if cache.pools.contains_key(&name) {
-                if cache.open(&name).is_ok() {
-                    bail!("a pool named '{name}' already exists; pick another name, or destroy it first with `millrace pool destroy {name} --yes`");
-                }
-                cache.pools.remove(&name);
-            }
             let opts = CreateOptions {
                 name,
                 level,
@@ -405,22 +473,7 @@ pub fn run(home: &Path, api: Option<&Api>, cmd: PoolCmd) -> Result<()> {
                 create_size: create,
                 force,
             };
-            let pool = Pool::create(&opts, &drives)?;
-            for n in &pool.notes {
-                eprintln!("note: {n}");
-            }
-            if !pool.superblock().clean {
-                let bar = progress_bar("initialising parity");
-                pool.resync(|done, total| {
-                    bar.set_length(total);
-                    bar.set_position(done);
-                })?;
-                bar.finish_and_clear();
-            }
-            pool.close()?;
-            cache.remember(&pool);
-            cache.save(home)?;
-            print_pool(&pool.info(), json)
+            offline_create(home, opts, &drives, json)
         }
         PoolCmd::Show { name, json } => {
             let pool = Cache::load(home)?.open(&name)?;
@@ -434,29 +487,7 @@ pub fn run(home: &Path, api: Option<&Api>, cmd: PoolCmd) -> Result<()> {
             drives,
             json,
             force,
-        } => {
-            let (pools, notes) = Pool::import_with(&drives, force)?;
-            for n in &notes {
-                eprintln!("note: {n}");
-            }
-            if pools.is_empty() {
-                bail!(
-                    "no Millrace pool was found on the {} drives given",
-                    drives.len()
-                );
-            }
-            let mut cache = Cache::load(home)?;
-            let mut infos = Vec::new();
-            for p in &pools {
-                for n in &p.notes {
-                    eprintln!("note: {n}");
-                }
-                cache.remember(p);
-                infos.push(p.info());
-            }
-            cache.save(home)?;
-            print_imported(&infos, json)
-        }
+        } => offline_import(home, &drives, json, force),
         PoolCmd::Destroy { name, yes } => {
             if !yes {
                 bail!(
@@ -598,6 +629,14 @@ fn list(home: &Path, json: bool) -> Result<()> {
     print_list(&infos, json, &home.display().to_string())
 }
 
+/// A pool the cache knows that could not be assembled, as `pool list --json` shows it.
+#[derive(serde::Serialize)]
+struct Unavailable<'a> {
+    name: &'a str,
+    state: &'a str,
+    error: &'a str,
+}
+
 type ListRow = std::result::Result<PoolInfo, (String, String)>;
 
 fn print_list(infos: &[ListRow], json: bool, where_: &str) -> Result<()> {
@@ -606,7 +645,12 @@ fn print_list(infos: &[ListRow], json: bool, where_: &str) -> Result<()> {
             .iter()
             .map(|r| match r {
                 Ok(i) => serde_json::to_value(i).unwrap(),
-                Err((n, e)) => serde_json::json!({"name": n, "state": "unavailable", "error": e}),
+                Err((name, error)) => serde_json::to_value(Unavailable {
+                    name,
+                    state: "unavailable",
+                    error,
+                })
+                .unwrap(),
             })
             .collect();
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -644,8 +688,8 @@ pub fn status(home: &Path, api: Option<&Api>, json: bool) -> Result<()> {
         Some(a) => {
             run_api(a, PoolCmd::List { json })?;
             if !json {
-                let st = a.get("/api/v1/status")?;
-                crate::rdma_fmt::print(&st["rdma"]);
+                let st: millrace_server::model::Status = a.get_as("/api/v1/status")?;
+                crate::rdma_fmt::print(&st.rdma);
                 crate::rdma_fmt::print_nvme(&st);
             }
             Ok(())

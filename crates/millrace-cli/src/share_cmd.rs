@@ -7,10 +7,10 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 use clap::Subcommand;
-use serde_json::{json, Value};
+use millrace_server::model::ShareRequest;
 
-use crate::client::{seg, Api};
 use crate::format::{human, parse_bytes, table};
+use crate::service::Service;
 use crate::volume_cmd::split;
 
 #[derive(Subcommand)]
@@ -54,13 +54,13 @@ pub enum ShareCmd {
     },
 }
 
-pub fn run(home: &Path, api: Option<&Api>, cmd: ShareCmd) -> Result<()> {
-    let Some(api) = api else {
+pub fn run(home: &Path, svc: &dyn Service, cmd: ShareCmd) -> Result<()> {
+    if !svc.live() {
         bail!(
             "shares need the running server (the kernel's NBD client reads through it); start `millrace serve` first (MILLRACE_HOME is {})",
             home.display()
         );
-    };
+    }
     match cmd {
         ShareCmd::Create {
             volume,
@@ -72,97 +72,90 @@ pub fn run(home: &Path, api: Option<&Api>, cmd: ShareCmd) -> Result<()> {
             json,
         } => {
             let (pool, vol) = split(&volume)?;
-            let v = api.post(
-                "/api/v1/shares",
-                &json!({"pool": pool, "volume": vol, "size_bytes": size, "clients": clients,
-                        "sync": !async_, "root_squash": !no_root_squash}),
-            )?;
+            let v = svc.create_share(ShareRequest {
+                pool: pool.into(),
+                volume: vol.into(),
+                size_bytes: size,
+                clients: clients.clone(),
+                sync: !async_,
+                root_squash: !no_root_squash,
+            })?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&v)?);
-            } else {
                 println!(
-                    "{volume} is shared over NFS as {} ({}, on {}) to {}",
-                    v["nfs_path"].as_str().unwrap_or("?"),
-                    human(v["size_bytes"].as_u64().unwrap_or(0)),
-                    v["nbd_device"].as_str().unwrap_or("?"),
-                    clients.join(", ")
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::to_value(&v)?)?
                 );
-                let path = v["nfs_path"].as_str().unwrap_or("?");
-                println!("  on a client: mount -t nfs -o vers=4.2 {path} /mnt");
-                if let Some(p) = v["nfs_rdma_port"].as_u64() {
-                    println!(
-                        "  over RDMA:   mount -t nfs -o vers=4.2,proto=rdma,port={p} {path} /mnt   (or vers=3)"
-                    );
-                }
+                return Ok(());
+            }
+            let device = v.config.nbd_device.as_deref().unwrap_or("?");
+            let path = &v.nfs_path;
+            println!(
+                "{volume} is shared over NFS as {path} ({}, on {device}) to {}",
+                human(v.size_bytes),
+                clients.join(", ")
+            );
+            println!("  on a client: mount -t nfs -o vers=4.2 {path} /mnt");
+            if let Some(p) = v.nfs_rdma_port {
+                println!(
+                    "  over RDMA:   mount -t nfs -o vers=4.2,proto=rdma,port={p} {path} /mnt   (or vers=3)"
+                );
             }
             Ok(())
         }
-        ShareCmd::List { json } => {
-            let v: Value = api.get("/api/v1/shares")?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&v)?);
-                return Ok(());
-            }
-            let shares = v["shares"].as_array().cloned().unwrap_or_default();
-            if shares.is_empty() {
-                println!("no shares (create one with `millrace share create POOL/NAME --size 100G --client 10.0.0.0/24`)");
-                return Ok(());
-            }
-            let mut t = table(&["share", "size", "nfs path", "clients", "options", "state"]);
-            for s in shares {
-                let clients: Vec<&str> = s["clients"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|c| c.as_str())
-                    .collect();
-                let rdma = s["nfs_rdma_port"]
-                    .as_u64()
-                    .map(|p| format!(", TCP and RDMA (port {p})"))
-                    .unwrap_or_else(|| ", TCP".into());
-                let state = match (s["mounted"].as_bool(), s["exported"].as_bool()) {
-                    (Some(true), Some(true)) => {
-                        format!(
-                            "exported ({}){rdma}",
-                            s["nbd_device"].as_str().unwrap_or("?")
-                        )
-                    }
-                    (Some(true), _) => "mounted, not exported".into(),
-                    _ => "down".into(),
-                };
-                t.add_row(vec![
-                    format!(
-                        "{}/{}",
-                        s["pool"].as_str().unwrap_or(""),
-                        s["volume"].as_str().unwrap_or("")
-                    ),
-                    human(s["size_bytes"].as_u64().unwrap_or(0)),
-                    s["nfs_path"].as_str().unwrap_or("").into(),
-                    clients.join("\n"),
-                    format!(
-                        "{}, {}",
-                        if s["sync"].as_bool() == Some(false) {
-                            "async"
-                        } else {
-                            "sync"
-                        },
-                        if s["root_squash"].as_bool() == Some(false) {
-                            "no_root_squash"
-                        } else {
-                            "root_squash"
-                        }
-                    ),
-                    state,
-                ]);
-            }
-            println!("{t}");
-            Ok(())
-        }
+        ShareCmd::List { json } => list(svc, json),
         ShareCmd::Delete { volume } => {
             let (pool, vol) = split(&volume)?;
-            api.delete(&format!("/api/v1/shares/{}/{}", seg(pool), seg(vol)))?;
+            svc.delete_share(pool, vol)?;
             println!("{volume} is no longer shared; its volume is deleted");
             Ok(())
         }
     }
+}
+
+fn list(svc: &dyn Service, json: bool) -> Result<()> {
+    let list = svc.shares()?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::to_value(&list)?)?
+        );
+        return Ok(());
+    }
+    if list.shares.is_empty() {
+        println!("no shares (create one with `millrace share create POOL/NAME --size 100G --client 10.0.0.0/24`)");
+        return Ok(());
+    }
+    let mut t = table(&["share", "size", "nfs path", "clients", "options", "state"]);
+    for s in &list.shares {
+        let rdma = (s.nfs_rdma_port)
+            .map(|p| format!(", TCP and RDMA (port {p})"))
+            .unwrap_or_else(|| ", TCP".into());
+        let state = match (s.mounted, s.exported) {
+            (true, true) => format!(
+                "exported ({}){rdma}",
+                s.config.nbd_device.as_deref().unwrap_or("?")
+            ),
+            (true, false) => "mounted, not exported".into(),
+            _ => "down".into(),
+        };
+        let c = &s.config;
+        t.add_row(vec![
+            format!("{}/{}", s.pool, s.volume),
+            human(s.size_bytes),
+            s.nfs_path.clone(),
+            c.clients.join("\n"),
+            format!(
+                "{}, {}",
+                if c.sync { "sync" } else { "async" },
+                if c.root_squash {
+                    "root_squash"
+                } else {
+                    "no_root_squash"
+                }
+            ),
+            state,
+        ]);
+    }
+    println!("{t}");
+    Ok(())
 }

@@ -1,16 +1,13 @@
-//! `millrace volume`: named, stripe-aligned ranges of a pool. Through the server's API when one
-//! runs, else on the pool directly.
-
-use std::path::Path;
+//! `millrace volume`: named, stripe-aligned ranges of a pool, through the service layer (the
+//! server's API when one runs, else the pools opened here).
 
 use anyhow::{anyhow, Result};
 use clap::Subcommand;
-use millrace_array::Cache;
-use millrace_volume::{VolumeInfo, Volumes};
-use serde_json::json;
+use millrace_server::model::{CreateVolume, GrowVolume};
+use millrace_volume::VolumeInfo;
 
-use crate::client::{seg, Api};
 use crate::format::{human, parse_bytes, table};
+use crate::service::Service;
 
 #[derive(Subcommand)]
 pub enum VolumeCmd {
@@ -62,14 +59,6 @@ pub fn split(name: &str) -> Result<(&str, &str)> {
         .ok_or_else(|| anyhow!("'{name}' is not POOL/VOLUME; write it like tank/scratch"))
 }
 
-fn offline<T>(home: &Path, pool: &str, f: impl FnOnce(&Volumes) -> Result<T>) -> Result<T> {
-    let p = Cache::load(home)?.open(pool)?;
-    let vols = Volumes::open(p.array().clone())?;
-    let r = f(&vols);
-    p.close()?;
-    r
-}
-
 fn print(v: &[VolumeInfo], pool_of: &dyn Fn(&VolumeInfo) -> String, json: bool) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(v)?);
@@ -106,7 +95,7 @@ fn print(v: &[VolumeInfo], pool_of: &dyn Fn(&VolumeInfo) -> String, json: bool) 
     Ok(())
 }
 
-pub fn run(home: &Path, api: Option<&Api>, cmd: VolumeCmd) -> Result<()> {
+pub fn run(svc: &dyn Service, cmd: VolumeCmd) -> Result<()> {
     match cmd {
         VolumeCmd::Create {
             name,
@@ -115,18 +104,13 @@ pub fn run(home: &Path, api: Option<&Api>, cmd: VolumeCmd) -> Result<()> {
             json,
         } => {
             let (pool, vol) = split(&name)?;
-            let v: VolumeInfo = match api {
-                Some(a) => serde_json::from_value(a.post(
-                    &format!("/api/v1/pools/{}/volumes", seg(pool)),
-                    &json!({"name": vol, "size_bytes": size, "force": force}),
-                )?)?,
-                None => offline(home, pool, |vs| {
-                    if force && vs.holds_foreign_data() {
-                        vs.claim()?;
-                    }
-                    Ok(vs.create(vol, size)?)
-                })?,
+            let req = CreateVolume {
+                name: vol.to_string(),
+                size_bytes: size,
+                force,
+                props: Default::default(),
             };
+            let v = svc.create_volume(pool, req)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
@@ -139,62 +123,10 @@ pub fn run(home: &Path, api: Option<&Api>, cmd: VolumeCmd) -> Result<()> {
             }
             Ok(())
         }
-        VolumeCmd::List { pool, json } => {
-            let mut all: Vec<(String, VolumeInfo)> = Vec::new();
-            let pools: Vec<String> = match (&pool, api) {
-                (Some(p), _) => vec![p.clone()],
-                (None, Some(a)) => a.get("/api/v1/pools")?["pools"]
-                    .as_array()
-                    .map(|ps| {
-                        ps.iter()
-                            .filter_map(|p| p["name"].as_str().map(String::from))
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                (None, None) => Cache::load(home)?.pools.keys().cloned().collect(),
-            };
-            for p in pools {
-                let vs: Vec<VolumeInfo> = match api {
-                    Some(a) => serde_json::from_value(
-                        a.get(&format!("/api/v1/pools/{}/volumes", seg(&p)))?["volumes"].clone(),
-                    )?,
-                    None => offline(home, &p, |vs| Ok(vs.list()))?,
-                };
-                all.extend(vs.into_iter().map(|v| (p.clone(), v)));
-            }
-            let infos: Vec<VolumeInfo> = all.iter().map(|(_, v)| v.clone()).collect();
-            if json {
-                let v: Vec<_> = all
-                    .iter()
-                    .map(|(p, v)| {
-                        let mut j = serde_json::to_value(v).unwrap();
-                        j["pool"] = json!(p);
-                        j
-                    })
-                    .collect();
-                println!("{}", serde_json::to_string_pretty(&v)?);
-                return Ok(());
-            }
-            let pool_of = |i: &VolumeInfo| {
-                all.iter()
-                    .find(|(_, v)| v.uuid == i.uuid)
-                    .map(|(p, _)| p.clone())
-                    .unwrap_or_default()
-            };
-            print(&infos, &pool_of, false)
-        }
+        VolumeCmd::List { pool, json } => list(svc, pool, json),
         VolumeCmd::Show { name, json } => {
             let (pool, vol) = split(&name)?;
-            let v: VolumeInfo = match api {
-                Some(a) => serde_json::from_value(a.get(&format!(
-                    "/api/v1/pools/{}/volumes/{}",
-                    seg(pool),
-                    seg(vol)
-                ))?)?,
-                None => offline(home, pool, |vs| {
-                    vs.get(vol).ok_or_else(|| anyhow!("pool {pool} has no volume named {vol}; `millrace volume list {pool}` shows the ones it has"))
-                })?,
-            };
+            let v = svc.volume(pool, vol)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
                 return Ok(());
@@ -207,13 +139,7 @@ pub fn run(home: &Path, api: Option<&Api>, cmd: VolumeCmd) -> Result<()> {
         }
         VolumeCmd::Grow { name, size, json } => {
             let (pool, vol) = split(&name)?;
-            let v: VolumeInfo = match api {
-                Some(a) => serde_json::from_value(a.patch(
-                    &format!("/api/v1/pools/{}/volumes/{}", seg(pool), seg(vol)),
-                    &json!({"size_bytes": size}),
-                )?)?,
-                None => offline(home, pool, |vs| Ok(vs.grow(vol, size)?))?,
-            };
+            let v = svc.grow_volume(pool, vol, GrowVolume { size_bytes: size })?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
@@ -223,25 +149,50 @@ pub fn run(home: &Path, api: Option<&Api>, cmd: VolumeCmd) -> Result<()> {
         }
         VolumeCmd::Delete { name } => {
             let (pool, vol) = split(&name)?;
-            match api {
-                Some(a) => {
-                    a.delete(&format!("/api/v1/pools/{}/volumes/{}", seg(pool), seg(vol)))?;
-                }
-                None => offline(home, pool, |vs| {
-                    let v = vs
-                        .get(vol)
-                        .ok_or_else(|| anyhow!("pool {pool} has no volume named {vol}"))?;
-                    if v.props
-                        .keys()
-                        .any(|k| k.starts_with("export.") || k.starts_with("share"))
-                    {
-                        anyhow::bail!("volume {pool}/{vol} is exported or shared; remove its exports first (`millrace export list`)");
-                    }
-                    Ok(vs.delete(vol)?)
-                })?,
-            }
+            svc.delete_volume(pool, vol)?;
             println!("deleted volume {pool}/{vol}");
             Ok(())
         }
     }
+}
+
+/// A volume as `volume list --json` prints it: the volume's fields and its pool's name.
+#[derive(serde::Serialize)]
+struct Listed<'a> {
+    pool: &'a str,
+    #[serde(flatten)]
+    volume: &'a VolumeInfo,
+}
+
+fn list(svc: &dyn Service, pool: Option<String>, json: bool) -> Result<()> {
+    let pools: Vec<String> = match pool {
+        Some(p) => vec![p],
+        None => svc
+            .pools()?
+            .pools
+            .into_iter()
+            .map(|p| p.info.name)
+            .collect(),
+    };
+    let mut all: Vec<(String, VolumeInfo)> = Vec::new();
+    for p in pools {
+        let vs = svc.volumes(&p)?.volumes;
+        all.extend(vs.into_iter().map(|v| (p.clone(), v)));
+    }
+    if json {
+        // Through a Value, whose keys are sorted, as this command has always printed them.
+        let v: Vec<serde_json::Value> = (all.iter())
+            .map(|(pool, volume)| serde_json::to_value(Listed { pool, volume }))
+            .collect::<Result<_, _>>()?;
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let infos: Vec<VolumeInfo> = all.iter().map(|(_, v)| v.clone()).collect();
+    let pool_of = |i: &VolumeInfo| {
+        all.iter()
+            .find(|(_, v)| v.uuid == i.uuid)
+            .map(|(p, _)| p.clone())
+            .unwrap_or_default()
+    };
+    print(&infos, &pool_of, false)
 }

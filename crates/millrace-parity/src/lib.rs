@@ -21,6 +21,9 @@
 //! are a caller's bug: debug builds panic on them; release builds process the common prefix
 //! (never memory outside a buffer), except `raid6_recover`, which returns an error.
 
+// Functions stay under 100 lines (clippy.toml); tests may be longer.
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 /// A kernel's entry points for vector type `$v`, compiled with the attribute given (the
 /// `#[target_feature]` of its instruction set), and the `OPS` table of them. The numbers are
 /// the vectors per column (unroll) of the syndromes, of gen_p and of the multiplies.
@@ -411,20 +414,8 @@ pub fn raid6_recover_with(
     raid6_recover_ops(&kernel.ops(), strips, missing)
 }
 
-fn raid6_recover_ops(
-    ops: &Ops,
-    strips: &mut [&mut [u8]],
-    missing: &[usize],
-) -> Result<(), ParityError> {
-    let n = strips.len();
-    // g^j repeats after 255 strips: past that, Q no longer tells strips apart.
-    if !(3..=257).contains(&n) {
-        return Err(ParityError::BadIndex);
-    }
-    let len = strips[0].len();
-    if strips.iter().any(|s| s.len() != len) {
-        return Err(ParityError::LengthMismatch);
-    }
+/// The distinct lost strips of a stripe of `n` (at most two), and how many there are.
+fn distinct_missing(n: usize, missing: &[usize]) -> Result<([usize; 2], usize), ParityError> {
     let mut m = [usize::MAX; 2];
     let mut count = 0;
     for &i in missing {
@@ -440,6 +431,24 @@ fn raid6_recover_ops(
         m[count] = i;
         count += 1;
     }
+    Ok((m, count))
+}
+
+fn raid6_recover_ops(
+    ops: &Ops,
+    strips: &mut [&mut [u8]],
+    missing: &[usize],
+) -> Result<(), ParityError> {
+    let n = strips.len();
+    // g^j repeats after 255 strips: past that, Q no longer tells strips apart.
+    if !(3..=257).contains(&n) {
+        return Err(ParityError::BadIndex);
+    }
+    let len = strips[0].len();
+    if strips.iter().any(|s| s.len() != len) {
+        return Err(ParityError::LengthMismatch);
+    }
+    let (mut m, count) = distinct_missing(n, missing)?;
     let m = &mut m[..count];
     m.sort_unstable();
     let k = n - 2;

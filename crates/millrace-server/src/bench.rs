@@ -7,28 +7,10 @@ use std::sync::Arc;
 
 use millrace_array::Level;
 use millrace_bench::{sim::SimSpec, Options, Setup};
-use serde::Deserialize;
 
-use crate::api::ApiError;
+use crate::error::ApiError;
+use crate::model::BenchRequest;
 use crate::state::State;
-
-#[derive(Deserialize, Debug)]
-pub struct BenchRequest {
-    /// A served pool (read workloads only).
-    pub pool: Option<String>,
-    /// A simulated pool instead: DRIVESxRATE[:IOPS], e.g. 16x400M.
-    pub sim: Option<String>,
-    pub level: Option<String>,
-    pub strip_bytes: Option<u64>,
-    pub group: Option<usize>,
-    pub suite: Option<String>,
-    pub jobs: Option<Vec<usize>>,
-    pub iodepth: Option<Vec<usize>>,
-    #[serde(default)]
-    pub bs: Vec<u64>,
-    pub degraded: Option<Vec<usize>>,
-    pub seconds: Option<f64>,
-}
 
 fn bad(m: impl Into<String>) -> ApiError {
     ApiError::bad_request(m)

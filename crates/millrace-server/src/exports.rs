@@ -5,81 +5,17 @@ use std::sync::Arc;
 
 use millrace_block::BlockDevice;
 use millrace_volume::VolumeInfo;
-use serde::{Deserialize, Serialize};
 
-use crate::api::ApiError;
+use crate::error::ApiError;
+use crate::model::{ExportsView, NbdExportView, NvmeConnection, NvmeExportView};
+use crate::props::{
+    check_nqn, default_nqn, NbdExportConfig, NvmeExportConfig, NBD_PROP, NVME_PROP, SHARE_PROP,
+};
 use crate::state::{PoolEntry, State};
-
-pub const NVME_PROP: &str = "export.nvme";
-pub const NBD_PROP: &str = "export.nbd";
 
 /// Serialises changes to an export's host list (each reads the volume's props, changes them and
 /// writes them back).
 static HOST_CHANGES: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct NvmeExportConfig {
-    /// The subsystem NQN hosts connect to.
-    pub nqn: String,
-    /// Host NQNs allowed to connect.
-    #[serde(default)]
-    pub hosts: Vec<String>,
-    /// Any host may connect: explicit, never the default.
-    #[serde(default)]
-    pub allow_any_host: bool,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct NbdExportConfig {
-    /// The export name clients ask for.
-    pub name: String,
-    /// TCP clients (addresses or networks) allowed; the Unix sockets reach every export.
-    #[serde(default)]
-    pub clients: Vec<String>,
-    /// A TCP address of its own to listen on, besides the server's `--nbd-listen`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub listen: Option<std::net::SocketAddr>,
-    /// A Unix socket of its own (as the kernel NBD client of a share uses), besides
-    /// MILLRACE_HOME/nbd.sock.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub socket: Option<std::path::PathBuf>,
-}
-
-/// Any layer above has a hold on the volume (an export or a share).
-pub fn is_exported(v: &VolumeInfo) -> bool {
-    v.props
-        .keys()
-        .any(|k| k.starts_with("export.") || k.starts_with("share"))
-}
-
-pub fn describe(v: &VolumeInfo) -> String {
-    v.props
-        .keys()
-        .filter(|k| k.starts_with("export.") || k.starts_with("share"))
-        .map(|k| match k.as_str() {
-            NVME_PROP => "NVMe/TCP".to_string(),
-            NBD_PROP => "NBD".to_string(),
-            k => k.to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-pub fn default_nqn(pool: &str, vol: &str) -> String {
-    format!("nqn.2026-11.dev.millrace:{pool}.{vol}")
-}
-
-/// NVMe's rules for a qualified name: "nqn." first, at most 223 bytes, printable ASCII.
-pub fn check_nqn(what: &str, n: &str) -> Result<(), ApiError> {
-    let ok = n.starts_with("nqn.") && n.len() <= 223 && n.bytes().all(|b| b.is_ascii_graphic());
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::bad_request(format!(
-            "{what} '{n}' is not an NVMe qualified name: it must start with \"nqn.\", have no spaces and be at most 223 bytes (like nqn.2014-08.org.nvmexpress:uuid:...; `cat /etc/nvme/hostnqn` on the host shows its own)"
-        )))
-    }
-}
 
 fn uuid_bytes(v: &VolumeInfo) -> [u8; 16] {
     *v.uuid.as_bytes()
@@ -392,7 +328,7 @@ impl State {
 
     pub fn remove_nbd_export(&self, pool: &str, vol: &str) -> Result<(), ApiError> {
         let (_, v) = self.volume(pool, vol)?;
-        if v.props.contains_key(crate::shares::SHARE_PROP) {
+        if v.props.contains_key(SHARE_PROP) {
             return Err(ApiError::conflict(format!(
                 "the NBD export of {pool}/{vol} carries its NFS share; `millrace share delete {pool}/{vol}` removes both"
             )));
@@ -419,10 +355,13 @@ impl State {
     }
 
     /// Every export with who is connected, for the API and the dashboard.
-    pub fn exports_view(&self) -> serde_json::Value {
+    pub fn exports_view(&self) -> ExportsView {
         let subs = self.nvmf.subsystems();
-        let mut nvme = Vec::new();
-        let mut nbd = Vec::new();
+        let listening = self
+            .nvme_listening
+            .load(std::sync::atomic::Ordering::Relaxed)
+            || !self.nvme_rdma.lock().is_empty();
+        let mut view = ExportsView::default();
         for e in self.entries() {
             let pool = e.pool.name();
             for v in e.volumes.list() {
@@ -432,19 +371,27 @@ impl State {
                     .and_then(|c| serde_json::from_str::<NvmeExportConfig>(c).ok())
                 {
                     let live = subs.iter().find(|s| s.nqn == c.nqn);
-                    let connections: Vec<_> = live
+                    let connections = live
                         .map(|s| {
-                            s.hosts
-                                .iter()
-                                .map(|h| serde_json::json!({"host": h.hostnqn, "peer": h.peer.to_string(), "io_queues": h.io_queues, "transport": h.transport.as_str()}))
+                            (s.hosts.iter())
+                                .map(|h| NvmeConnection {
+                                    host: h.hostnqn.clone(),
+                                    peer: h.peer.to_string(),
+                                    io_queues: h.io_queues,
+                                    transport: h.transport.as_str().to_string(),
+                                })
                                 .collect()
                         })
                         .unwrap_or_default();
-                    nvme.push(serde_json::json!({
-                        "pool": pool, "volume": v.name, "nqn": c.nqn, "hosts": c.hosts,
-                        "allow_any_host": c.allow_any_host, "serving": live.is_some() && (self.nvme_listening.load(std::sync::atomic::Ordering::Relaxed) || !self.nvme_rdma.lock().is_empty()),
-                        "connections": connections,
-                    }));
+                    view.nvme.push(NvmeExportView {
+                        pool: pool.clone(),
+                        volume: v.name.clone(),
+                        nqn: c.nqn,
+                        hosts: c.hosts,
+                        allow_any_host: c.allow_any_host,
+                        serving: live.is_some() && listening,
+                        connections,
+                    });
                 }
                 if let Some(c) = v
                     .props
@@ -452,18 +399,21 @@ impl State {
                     .and_then(|c| serde_json::from_str::<NbdExportConfig>(c).ok())
                 {
                     let stats = self.nbd.export_stats(&c.name);
-                    nbd.push(serde_json::json!({
-                        "pool": pool, "volume": v.name, "name": c.name, "clients": c.clients,
-                        "listen": c.listen.map(|a| a.to_string()), "socket": c.socket,
-                        "serving": stats.is_some(),
-                        "connections": stats.map(|s| s.connections_open).unwrap_or(0),
-                        // Who: each client's address, or "local socket".
-                        "connected": self.nbd.export_clients(&c.name).unwrap_or_default(),
-                    }));
+                    view.nbd.push(NbdExportView {
+                        pool: pool.clone(),
+                        volume: v.name.clone(),
+                        serving: stats.is_some(),
+                        connections: stats.map(|s| s.connections_open).unwrap_or(0),
+                        connected: self.nbd.export_clients(&c.name).unwrap_or_default(),
+                        name: c.name,
+                        clients: c.clients,
+                        listen: c.listen.map(|a| a.to_string()),
+                        socket: c.socket,
+                    });
                 }
             }
         }
-        serde_json::json!({"nvme": nvme, "nbd": nbd})
+        view
     }
 }
 

@@ -7,16 +7,21 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use serde::Serialize;
 
-#[derive(Clone, Debug, Serialize)]
+/// A rebuild, scrub or bench run, running or finished.
+#[derive(Clone, Debug, Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct JobView {
     pub id: u64,
+    /// rebuild, scrub or bench.
     pub kind: String,
     pub pool: String,
+    /// running, done or failed.
     pub state: String,
     pub done: u64,
     pub total: u64,
     pub percent: f64,
     pub message: String,
+    /// What the job found (a scrub's counts, a bench run's results and table).
+    #[schema(value_type = Option<Object>)]
     pub result: Option<serde_json::Value>,
 }
 

@@ -3,18 +3,25 @@
 //! the HTTP API, /metrics and the dashboard. Exports stay ignorant of parity: they see volumes
 //! as block devices; this crate is where the layers meet.
 
-// The OpenAPI document is one large json! literal.
-#![recursion_limit = "256"]
+// Functions stay under 100 lines (clippy.toml); tests may be longer.
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
 
+// Dependencies point one way (tests/layers.rs checks it), from the bottom up: error, props
+// (what volumes record); jobs, metered; model (requests and responses); state (the pools held); exports; shares; pools (taking
+// pools into service brings their exports and shares back); bench, metrics, rdma; api.
 mod api;
 mod bench;
+mod error;
 mod exports;
 mod jobs;
 mod metered;
 mod metrics;
+pub mod model;
 pub mod nfs_rdma;
-mod openapi;
+mod pools;
+mod props;
 mod rdma;
+pub mod service;
 mod shares;
 mod state;
 
@@ -25,9 +32,10 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-pub use api::ApiError;
-pub use exports::{NbdExportConfig, NvmeExportConfig};
-pub use shares::{ShareConfig, ShareView};
+pub use error::ApiError;
+pub use model::ShareView;
+pub use props::{NbdExportConfig, NvmeExportConfig, ShareConfig};
+pub use rdma::view as rdma_view;
 pub use state::State;
 
 /// Where the server listens and what it guards.
@@ -73,14 +81,51 @@ pub fn nbd_socket(home: &std::path::Path) -> PathBuf {
     home.join("nbd.sock")
 }
 
-/// Runs the server until SIGINT or SIGTERM.
+/// Runs the server until SIGINT or SIGTERM: named start-up steps, the API until a signal,
+/// then the shutdown in the order that keeps the pools clean.
 pub async fn run(cfg: ServeConfig) -> Result<()> {
+    check_config(&cfg)?;
+    let sf = claim_home(&cfg)?;
+    // The certificate is checked before any pool is touched.
+    let tls = load_tls(&cfg).await?;
+    let state = open_state(&cfg.home).await?;
+    let api = tokio::net::TcpListener::bind(cfg.api)
+        .await
+        .with_context(|| format!("cannot listen for the API on {}", cfg.api))?;
+    let api_addr = api.local_addr()?;
+    let nvme_at = start_nvme(&cfg, &state).await?;
+    let rdma_at = start_nvme_rdma(&state, &cfg.nvme_rdma);
+    let sock = start_nbd(&cfg, &state).await?;
+    state.start_pending_rebuilds();
+    // Shares come back once their NBD exports serve (the pools started them above): the
+    // kernel's NBD client attaches through them.
+    {
+        let s = state.clone();
+        tokio::task::spawn_blocking(move || s.restore_shares()).await?;
+    }
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    write_server_file(&cfg, &sf, format!("{scheme}://{api_addr}"), &sock)?;
+    tracing::info!(api = %api_addr, "millrace serve is up");
+    announce(&cfg, scheme, api_addr, nvme_at, &rdma_at, &sock);
+    let app = api::router(state.clone(), cfg.token.clone());
+    let served = serve_api(api, app, tls).await;
+    eprintln!("millrace serve: stopping");
+    shut_down(state, &sf, &sock).await?;
+    served.context("the API server failed")
+}
+
+fn check_config(cfg: &ServeConfig) -> Result<()> {
     if !cfg.api.ip().is_loopback() && cfg.token.is_none() {
         bail!(
             "the API would listen on {}, beyond this machine, without a token; give one with --token-file FILE (or MILLRACE_TOKEN), or listen on 127.0.0.1",
             cfg.api
         );
     }
+    Ok(())
+}
+
+/// Makes the home and refuses it while another live server holds it; returns its server file.
+fn claim_home(cfg: &ServeConfig) -> Result<PathBuf> {
     std::fs::create_dir_all(&cfg.home)
         .with_context(|| format!("cannot create {}", cfg.home.display()))?;
     let sf = server_file(&cfg.home);
@@ -97,59 +142,62 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
             }
         }
     }
-    // The certificate is checked before any pool is touched.
-    let tls = match &cfg.tls {
-        Some(t) => {
-            // One process-wide provider; a second install (tests start several servers) is fine.
-            let _ = rustls::crypto::ring::default_provider().install_default();
-            Some(
-                axum_server::tls_rustls::RustlsConfig::from_pem_file(&t.cert, &t.key)
-                    .await
-                    .with_context(|| {
-                        format!(
-                            "cannot use the TLS certificate {} with the key {} (both PEM; the certificate chain first, then a PKCS#8, PKCS#1 or SEC1 key)",
-                            t.cert.display(),
-                            t.key.display()
-                        )
-                    })?,
-            )
-        }
-        None => None,
+    Ok(sf)
+}
+
+async fn load_tls(cfg: &ServeConfig) -> Result<Option<axum_server::tls_rustls::RustlsConfig>> {
+    let Some(t) = &cfg.tls else {
+        return Ok(None);
     };
-    let state = Arc::new(
-        tokio::task::spawn_blocking({
-            let home = cfg.home.clone();
-            move || State::open(&home)
-        })
-        .await??,
-    );
-    let api = tokio::net::TcpListener::bind(cfg.api)
+    // One process-wide provider; a second install (tests start several servers) is fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let c = axum_server::tls_rustls::RustlsConfig::from_pem_file(&t.cert, &t.key)
         .await
-        .with_context(|| format!("cannot listen for the API on {}", cfg.api))?;
-    let api_addr = api.local_addr()?;
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    // Where NVMe/TCP really listens (port 0 in the config picks a free port).
-    let mut nvme_at: Option<SocketAddr> = None;
-    if let Some(addr) = cfg.nvme {
-        let l = tokio::net::TcpListener::bind(addr)
+        .with_context(|| {
+            format!(
+                "cannot use the TLS certificate {} with the key {} (both PEM; the certificate chain first, then a PKCS#8, PKCS#1 or SEC1 key)",
+                t.cert.display(),
+                t.key.display()
+            )
+        })?;
+    Ok(Some(c))
+}
+
+async fn open_state(home: &std::path::Path) -> Result<Arc<State>> {
+    let home = home.to_path_buf();
+    Ok(Arc::new(
+        tokio::task::spawn_blocking(move || State::open(&home)).await??,
+    ))
+}
+
+/// The NVMe/TCP port and its discovery port; returns where NVMe/TCP really listens (port 0 in
+/// the config picks a free port).
+async fn start_nvme(cfg: &ServeConfig, state: &Arc<State>) -> Result<Option<SocketAddr>> {
+    let Some(addr) = cfg.nvme else {
+        return Ok(None);
+    };
+    let l = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen for NVMe/TCP on {addr}"))?;
+    let at = l.local_addr()?;
+    state
+        .nvme_listening
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let t = state.nvmf.clone();
+    tokio::spawn(async move { t.serve(l).await });
+    if let Some(p) = cfg.discovery_port {
+        let d = SocketAddr::new(addr.ip(), p);
+        let l = tokio::net::TcpListener::bind(d)
             .await
-            .with_context(|| format!("cannot listen for NVMe/TCP on {addr}"))?;
-        nvme_at = Some(l.local_addr()?);
-        state
-            .nvme_listening
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+            .with_context(|| format!("cannot listen for NVMe discovery on {d}"))?;
         let t = state.nvmf.clone();
-        tokio::spawn(async move { t.serve(l).await });
-        if let Some(p) = cfg.discovery_port {
-            let d = SocketAddr::new(addr.ip(), p);
-            let l = tokio::net::TcpListener::bind(d)
-                .await
-                .with_context(|| format!("cannot listen for NVMe discovery on {d}"))?;
-            let t = state.nvmf.clone();
-            tokio::spawn(async move { t.serve_discovery(l).await });
-        }
+        tokio::spawn(async move { t.serve_discovery(l).await });
     }
-    let rdma_at = start_nvme_rdma(&state, &cfg.nvme_rdma);
+    Ok(Some(at))
+}
+
+/// NBD on TCP when asked and on the home's Unix socket always; returns the socket's path.
+async fn start_nbd(cfg: &ServeConfig, state: &Arc<State>) -> Result<PathBuf> {
     if let Some(addr) = cfg.nbd_listen {
         let l = tokio::net::TcpListener::bind(addr)
             .await
@@ -161,76 +209,95 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     let _ = std::fs::remove_file(&sock);
     let ul = tokio::net::UnixListener::bind(&sock)
         .with_context(|| format!("cannot listen for NBD on {}", sock.display()))?;
-    {
-        let s = state.nbd.clone();
-        tokio::spawn(async move { s.serve_unix(ul).await });
-    }
-    state.start_pending_rebuilds();
-    // Shares come back once their NBD exports serve (the pools started them above): the
-    // kernel's NBD client attaches through them.
-    {
-        let s = state.clone();
-        tokio::task::spawn_blocking(move || s.restore_shares()).await?;
-    }
+    let s = state.nbd.clone();
+    tokio::spawn(async move { s.serve_unix(ul).await });
+    Ok(sock)
+}
+
+fn write_server_file(
+    cfg: &ServeConfig,
+    sf: &std::path::Path,
+    url: String,
+    sock: &std::path::Path,
+) -> Result<()> {
     let file = ServerFile {
-        url: format!("{scheme}://{api_addr}"),
+        url,
         pid: std::process::id(),
-        nbd_socket: sock.clone(),
+        nbd_socket: sock.to_path_buf(),
         tls_cert: cfg
             .tls
             .as_ref()
             .map(|t| std::fs::canonicalize(&t.cert).unwrap_or_else(|_| t.cert.clone())),
     };
-    std::fs::write(&sf, serde_json::to_vec_pretty(&file)?)
-        .with_context(|| format!("cannot write {}", sf.display()))?;
-    tracing::info!(api = %api_addr, "millrace serve is up");
+    std::fs::write(sf, serde_json::to_vec_pretty(&file)?)
+        .with_context(|| format!("cannot write {}", sf.display()))
+}
+
+fn announce(
+    cfg: &ServeConfig,
+    scheme: &str,
+    api_addr: SocketAddr,
+    nvme_at: Option<SocketAddr>,
+    rdma_at: &str,
+    sock: &std::path::Path,
+) {
+    let nvme = nvme_at
+        .map(|a| {
+            let discovery = (cfg.discovery_port)
+                .map(|p| p.to_string())
+                .unwrap_or("off".into());
+            format!("{a} (discovery {discovery})")
+        })
+        .unwrap_or("off".into());
     eprintln!(
-        "millrace serve: API on {scheme}://{api_addr}{}, NVMe/TCP on {}{rdma_at}, NBD on {}{}",
+        "millrace serve: API on {scheme}://{api_addr}{}, NVMe/TCP on {nvme}{rdma_at}, NBD on {}{}",
         if cfg.token.is_some() {
             " (token required)"
         } else {
             ""
         },
-        nvme_at
-            .map(|a| format!(
-                "{a} (discovery {})",
-                cfg.discovery_port
-                    .map(|p| p.to_string())
-                    .unwrap_or("off".into())
-            ))
-            .unwrap_or("off".into()),
         sock.display(),
         cfg.nbd_listen
             .map(|a| format!(" and {a}"))
             .unwrap_or_default()
     );
-    let app = api::router(state.clone(), cfg.token.clone());
-    let shutdown = async {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-        }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn signalled() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+    }
+}
+
+/// Answers the API (over TLS when configured) until a signal.
+async fn serve_api(
+    api: tokio::net::TcpListener,
+    app: axum::Router,
+    tls: Option<axum_server::tls_rustls::RustlsConfig>,
+) -> std::io::Result<()> {
+    let Some(tls) = tls else {
+        return axum::serve(api, app)
+            .with_graceful_shutdown(signalled())
+            .await;
     };
-    let served = match tls {
-        None => axum::serve(api, app).with_graceful_shutdown(shutdown).await,
-        Some(tls) => {
-            let handle = axum_server::Handle::new();
-            tokio::spawn({
-                let handle = handle.clone();
-                async move {
-                    shutdown.await;
-                    handle.graceful_shutdown(Some(std::time::Duration::from_secs(5)));
-                }
-            });
-            axum_server::from_tcp_rustls(api.into_std()?, tls)?
-                .handle(handle)
-                .serve(app.into_make_service())
-                .await
+    let handle = axum_server::Handle::new();
+    tokio::spawn({
+        let handle = handle.clone();
+        async move {
+            signalled().await;
+            handle.graceful_shutdown(Some(std::time::Duration::from_secs(5)));
         }
-    };
-    eprintln!("millrace serve: stopping");
+    });
+    axum_server::from_tcp_rustls(api.into_std()?, tls)?
+        .handle(handle)
+        .serve(app.into_make_service())
+        .await
+}
+
+async fn shut_down(state: Arc<State>, sf: &std::path::Path, sock: &std::path::Path) -> Result<()> {
     // Shares first, while the NBD server still runs: their unmount flushes through it.
     {
         let s = state.clone();
@@ -238,10 +305,10 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     }
     state.nvmf.shutdown();
     state.nbd.shutdown();
-    let _ = std::fs::remove_file(&sf);
-    let _ = std::fs::remove_file(&sock);
+    let _ = std::fs::remove_file(sf);
+    let _ = std::fs::remove_file(sock);
     tokio::task::spawn_blocking(move || state.close()).await??;
-    served.context("the API server failed")
+    Ok(())
 }
 
 /// Starts the NVMe/RDMA listeners. One that cannot start (no RDMA device, no rdma-core, an

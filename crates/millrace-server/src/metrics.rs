@@ -8,9 +8,9 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
-use crate::State;
+use crate::state::{PoolEntry, State};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PoolL {
@@ -49,171 +49,201 @@ struct TransportL {
     transport: String,
 }
 
-fn counter(reg: &mut Registry, name: &str, help: &str) -> Family<PoolL, Counter> {
-    let f = Family::<PoolL, Counter>::default();
+/// A family registered under `name`; series appear as they are first set.
+fn family<L, M>(reg: &mut Registry, name: &str, help: &str) -> Family<L, M>
+where
+    Family<L, M>: Metric + Clone + Default,
+{
+    let f = Family::<L, M>::default();
     reg.register(name, help, f.clone());
     f
 }
 
-pub fn render(state: &State) -> String {
-    let mut reg = Registry::default();
-    let rb = counter(
-        &mut reg,
-        "millrace_pool_read_bytes",
-        "Bytes read from the pool",
-    );
-    let wb = counter(
-        &mut reg,
-        "millrace_pool_write_bytes",
-        "Bytes written to the pool",
-    );
-    let ro = counter(
-        &mut reg,
-        "millrace_pool_read_ops",
-        "Read requests served by the pool",
-    );
-    let wo = counter(
-        &mut reg,
-        "millrace_pool_write_ops",
-        "Write requests served by the pool",
-    );
-    let dr = counter(
-        &mut reg,
-        "millrace_pool_degraded_reads",
-        "Reads that rebuilt data from parity or a mirror",
-    );
-    let me = counter(
-        &mut reg,
-        "millrace_pool_member_errors",
-        "I/O errors returned by members",
-    );
-    let size = Family::<PoolL, Gauge>::default();
-    reg.register(
-        "millrace_pool_size_bytes",
-        "Usable size of the pool",
-        size.clone(),
-    );
-    let pstate = Family::<StateL, Gauge>::default();
-    reg.register(
-        "millrace_pool_state",
-        "1 for the pool's current state (online, degraded, rebuilding, offline)",
-        pstate.clone(),
-    );
-    let mstate = Family::<MemberL, Gauge>::default();
-    reg.register(
-        "millrace_member_state",
-        "1 for each member's current state (online, faulty, spare, rebuilding, missing)",
-        mstate.clone(),
-    );
-    let rebuild = Family::<PoolL, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
-    reg.register(
-        "millrace_rebuild_progress_ratio",
-        "Share of the rebuild done (0 to 1), while one is under way",
-        rebuild.clone(),
-    );
-    let scrub = Family::<PoolL, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
-    reg.register(
-        "millrace_scrub_progress_ratio",
-        "Share of the running scrub done (0 to 1)",
-        scrub.clone(),
-    );
-    let member_counter = |reg: &mut Registry, name: &str, help: &str| {
-        let f = Family::<MemberIoL, Counter>::default();
-        reg.register(name, help, f.clone());
-        f
-    };
-    let mrb = member_counter(
-        &mut reg,
-        "millrace_member_read_bytes",
-        "Bytes read from a member drive (data, parity, rebuild and scrub reads)",
-    );
-    let mwb = member_counter(
-        &mut reg,
-        "millrace_member_write_bytes",
-        "Bytes written to a member drive",
-    );
-    let mro = member_counter(
-        &mut reg,
-        "millrace_member_read_ops",
-        "Reads issued to a member drive",
-    );
-    let mwo = member_counter(
-        &mut reg,
-        "millrace_member_write_ops",
-        "Writes issued to a member drive",
-    );
-    let merr = member_counter(
-        &mut reg,
-        "millrace_member_errors",
-        "I/O errors a member drive returned",
-    );
-    let vols = Family::<PoolL, Gauge>::default();
-    reg.register("millrace_pool_volumes", "Volumes in the pool", vols.clone());
-    for e in state.entries() {
+type Ratio = Gauge<f64, std::sync::atomic::AtomicU64>;
+
+/// The per-pool and per-member families, in the order /metrics lists them.
+struct PoolFamilies {
+    rb: Family<PoolL, Counter>,
+    wb: Family<PoolL, Counter>,
+    ro: Family<PoolL, Counter>,
+    wo: Family<PoolL, Counter>,
+    dr: Family<PoolL, Counter>,
+    me: Family<PoolL, Counter>,
+    size: Family<PoolL, Gauge>,
+    pstate: Family<StateL, Gauge>,
+    mstate: Family<MemberL, Gauge>,
+    rebuild: Family<PoolL, Ratio>,
+    scrub: Family<PoolL, Ratio>,
+    mrb: Family<MemberIoL, Counter>,
+    mwb: Family<MemberIoL, Counter>,
+    mro: Family<MemberIoL, Counter>,
+    mwo: Family<MemberIoL, Counter>,
+    merr: Family<MemberIoL, Counter>,
+    vols: Family<PoolL, Gauge>,
+}
+
+impl PoolFamilies {
+    fn register(reg: &mut Registry) -> Self {
+        let r = reg;
+        PoolFamilies {
+            rb: family(r, "millrace_pool_read_bytes", "Bytes read from the pool"),
+            wb: family(r, "millrace_pool_write_bytes", "Bytes written to the pool"),
+            ro: family(
+                r,
+                "millrace_pool_read_ops",
+                "Read requests served by the pool",
+            ),
+            wo: family(
+                r,
+                "millrace_pool_write_ops",
+                "Write requests served by the pool",
+            ),
+            dr: family(
+                r,
+                "millrace_pool_degraded_reads",
+                "Reads that rebuilt data from parity or a mirror",
+            ),
+            me: family(
+                r,
+                "millrace_pool_member_errors",
+                "I/O errors returned by members",
+            ),
+            size: family(r, "millrace_pool_size_bytes", "Usable size of the pool"),
+            pstate: family(
+                r,
+                "millrace_pool_state",
+                "1 for the pool's current state (online, degraded, rebuilding, offline)",
+            ),
+            mstate: family(
+                r,
+                "millrace_member_state",
+                "1 for each member's current state (online, faulty, spare, rebuilding, missing)",
+            ),
+            rebuild: family(
+                r,
+                "millrace_rebuild_progress_ratio",
+                "Share of the rebuild done (0 to 1), while one is under way",
+            ),
+            scrub: family(
+                r,
+                "millrace_scrub_progress_ratio",
+                "Share of the running scrub done (0 to 1)",
+            ),
+            mrb: family(
+                r,
+                "millrace_member_read_bytes",
+                "Bytes read from a member drive (data, parity, rebuild and scrub reads)",
+            ),
+            mwb: family(
+                r,
+                "millrace_member_write_bytes",
+                "Bytes written to a member drive",
+            ),
+            mro: family(
+                r,
+                "millrace_member_read_ops",
+                "Reads issued to a member drive",
+            ),
+            mwo: family(
+                r,
+                "millrace_member_write_ops",
+                "Writes issued to a member drive",
+            ),
+            merr: family(
+                r,
+                "millrace_member_errors",
+                "I/O errors a member drive returned",
+            ),
+            vols: family(r, "millrace_pool_volumes", "Volumes in the pool"),
+        }
+    }
+
+    fn observe(&self, e: &PoolEntry) {
         let info = e.pool.info();
         let l = PoolL {
             pool: info.name.clone(),
         };
         let s = &e.pool.array().stats;
-        rb.get_or_create(&l).inc_by(s.read_bytes.load(Relaxed));
-        wb.get_or_create(&l).inc_by(s.write_bytes.load(Relaxed));
-        ro.get_or_create(&l).inc_by(s.read_ops.load(Relaxed));
-        wo.get_or_create(&l).inc_by(s.write_ops.load(Relaxed));
-        dr.get_or_create(&l).inc_by(s.degraded_reads.load(Relaxed));
-        me.get_or_create(&l).inc_by(s.member_errors.load(Relaxed));
-        size.get_or_create(&l).set(info.size_bytes as i64);
-        vols.get_or_create(&l).set(e.volumes.list().len() as i64);
-        let word = info
-            .state
-            .split_whitespace()
-            .next()
+        self.rb.get_or_create(&l).inc_by(s.read_bytes.load(Relaxed));
+        self.wb
+            .get_or_create(&l)
+            .inc_by(s.write_bytes.load(Relaxed));
+        self.ro.get_or_create(&l).inc_by(s.read_ops.load(Relaxed));
+        self.wo.get_or_create(&l).inc_by(s.write_ops.load(Relaxed));
+        self.dr
+            .get_or_create(&l)
+            .inc_by(s.degraded_reads.load(Relaxed));
+        self.me
+            .get_or_create(&l)
+            .inc_by(s.member_errors.load(Relaxed));
+        self.size.get_or_create(&l).set(info.size_bytes as i64);
+        self.vols
+            .get_or_create(&l)
+            .set(e.volumes.list().len() as i64);
+        let word = (info.state.split_whitespace().next())
             .unwrap_or("unknown")
             .to_string();
-        pstate
+        self.pstate
             .get_or_create(&StateL {
                 pool: info.name.clone(),
                 state: word,
             })
             .set(1);
         for m in &info.members {
-            if let Some(ms) = e.pool.array().member_stats.get(m.index) {
-                let l = MemberIoL {
-                    pool: info.name.clone(),
-                    member: m.index.to_string(),
-                    path: m.path.clone().unwrap_or_default(),
-                };
-                mrb.get_or_create(&l).inc_by(ms.read_bytes.load(Relaxed));
-                mwb.get_or_create(&l).inc_by(ms.write_bytes.load(Relaxed));
-                mro.get_or_create(&l).inc_by(ms.read_ops.load(Relaxed));
-                mwo.get_or_create(&l).inc_by(ms.write_ops.load(Relaxed));
-                merr.get_or_create(&l).inc_by(ms.errors.load(Relaxed));
-            }
-            let st = serde_json::to_value(m.state)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_else(|| format!("{:?}", m.state).to_lowercase());
-            mstate
-                .get_or_create(&MemberL {
-                    pool: info.name.clone(),
-                    member: m.index.to_string(),
-                    path: m.path.clone().unwrap_or_default(),
-                    state: st,
-                })
-                .set(1);
+            self.observe_member(e, &info.name, m);
         }
         if let Some(r) = &info.rebuild {
-            rebuild.get_or_create(&l).set(r.percent / 100.0);
+            self.rebuild.get_or_create(&l).set(r.percent / 100.0);
         }
     }
-    for j in state.jobs.list() {
-        if j.kind == "scrub" && j.state == "running" {
-            scrub
-                .get_or_create(&PoolL {
+
+    fn observe_member(&self, e: &PoolEntry, pool: &str, m: &millrace_array::pool::MemberInfo) {
+        if let Some(ms) = e.pool.array().member_stats.get(m.index) {
+            let l = MemberIoL {
+                pool: pool.to_string(),
+                member: m.index.to_string(),
+                path: m.path.clone().unwrap_or_default(),
+            };
+            self.mrb
+                .get_or_create(&l)
+                .inc_by(ms.read_bytes.load(Relaxed));
+            self.mwb
+                .get_or_create(&l)
+                .inc_by(ms.write_bytes.load(Relaxed));
+            self.mro.get_or_create(&l).inc_by(ms.read_ops.load(Relaxed));
+            self.mwo
+                .get_or_create(&l)
+                .inc_by(ms.write_ops.load(Relaxed));
+            self.merr.get_or_create(&l).inc_by(ms.errors.load(Relaxed));
+        }
+        let st = serde_json::to_value(m.state)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_else(|| format!("{:?}", m.state).to_lowercase());
+        self.mstate
+            .get_or_create(&MemberL {
+                pool: pool.to_string(),
+                member: m.index.to_string(),
+                path: m.path.clone().unwrap_or_default(),
+                state: st,
+            })
+            .set(1);
+    }
+
+    fn observe_scrubs(&self, state: &State) {
+        for j in state.jobs.list() {
+            if j.kind == "scrub" && j.state == "running" {
+                let l = PoolL {
                     pool: j.pool.clone(),
-                })
-                .set(j.percent / 100.0);
+                };
+                self.scrub.get_or_create(&l).set(j.percent / 100.0);
+            }
         }
     }
+}
+
+/// The exports' per-volume meters and their connection counts.
+fn register_exports(reg: &mut Registry, state: &State) {
     reg.register(
         "millrace_volume_io_seconds",
         "Latency of requests the exports make of a volume",
@@ -229,33 +259,58 @@ pub fn render(state: &State) -> String {
         "Requests of a volume being served now (the queue depth)",
         state.meters.inflight.clone(),
     );
-    let conns = Family::<ProtoL, Gauge>::default();
-    reg.register(
+    let conns: Family<ProtoL, Gauge> = family(
+        reg,
         "millrace_export_connections",
         "Client connections open now",
-        conns.clone(),
     );
-    let conns_total = Family::<ProtoL, Counter>::default();
-    reg.register(
+    let opened: Family<ProtoL, Counter> = family(
+        reg,
         "millrace_export_connections_opened",
         "Client connections accepted since start",
-        conns_total.clone(),
     );
-    let refused = Family::<ProtoL, Counter>::default();
-    reg.register(
+    let refused: Family<ProtoL, Counter> = family(
+        reg,
         "millrace_export_connections_refused",
         "Client connections refused (host not allowed, over the limit)",
-        refused.clone(),
     );
     let n = state.nvmf.stats();
-    let nvme = ProtoL {
-        protocol: "nvme-tcp".into(),
-    };
-    conns.get_or_create(&nvme).set(n.connections_open as i64);
-    conns_total.get_or_create(&nvme).inc_by(n.connections_total);
-    refused.get_or_create(&nvme).inc_by(n.connections_refused);
-    // NVMe/RDMA: queues (RDMA connections) of every listener; refusals by the transport (the
-    // target's own, a host not allowed, are counted with nvme-tcp's above: one target).
+    let b = state.nbd.stats();
+    let figures = [
+        (
+            "nvme-tcp",
+            n.connections_open,
+            n.connections_total,
+            n.connections_refused,
+        ),
+        (
+            "nbd",
+            b.connections_open,
+            b.connections_total,
+            b.connections_refused,
+        ),
+    ];
+    for (protocol, open, total, refused_n) in figures {
+        let l = ProtoL {
+            protocol: protocol.into(),
+        };
+        conns.get_or_create(&l).set(open as i64);
+        opened.get_or_create(&l).inc_by(total);
+        refused.get_or_create(&l).inc_by(refused_n);
+    }
+    register_nvme_rdma(reg, state, &conns, &opened, &refused);
+}
+
+/// NVMe/RDMA: queues (RDMA connections) of every listener; refusals by the transport (the
+/// target's own, a host not allowed, are counted with nvme-tcp's: one target); and the hosts
+/// connected per transport.
+fn register_nvme_rdma(
+    reg: &mut Registry,
+    state: &State,
+    conns: &Family<ProtoL, Gauge>,
+    opened: &Family<ProtoL, Counter>,
+    refused: &Family<ProtoL, Counter>,
+) {
     let rdma = ProtoL {
         protocol: "nvme-rdma".into(),
     };
@@ -267,30 +322,32 @@ pub fn render(state: &State) -> String {
         refused_rdma += r;
     }
     conns.get_or_create(&rdma).set(open);
-    conns_total.get_or_create(&rdma).inc_by(total);
+    opened.get_or_create(&rdma).inc_by(total);
     refused.get_or_create(&rdma).inc_by(refused_rdma);
-    let hosts = Family::<TransportL, Gauge>::default();
-    reg.register(
+    let hosts: Family<TransportL, Gauge> = family(
+        reg,
         "millrace_nvme_hosts",
         "Hosts connected to the NVMe-oF target now (controllers), per transport",
-        hosts.clone(),
     );
     let per = crate::rdma::hosts_per_transport(&state.nvmf);
-    for t in ["tcp", "rdma"] {
+    for (t, n) in [("tcp", per.tcp), ("rdma", per.rdma)] {
         let l = TransportL {
             transport: t.into(),
         };
-        hosts.get_or_create(&l).set(per[t].as_i64().unwrap_or(0));
+        hosts.get_or_create(&l).set(n as i64);
     }
-    let b = state.nbd.stats();
-    let nbd = ProtoL {
-        protocol: "nbd".into(),
-    };
-    conns.get_or_create(&nbd).set(b.connections_open as i64);
-    conns_total.get_or_create(&nbd).inc_by(b.connections_total);
-    refused.get_or_create(&nbd).inc_by(b.connections_refused);
+}
+
+pub fn render(state: &State) -> String {
+    let mut reg = Registry::default();
+    let pools = PoolFamilies::register(&mut reg);
+    for e in state.entries() {
+        pools.observe(&e);
+    }
+    pools.observe_scrubs(state);
+    register_exports(&mut reg, state);
     crate::rdma::register_metrics(&mut reg);
-    let up = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+    let up = Ratio::default();
     up.set(state.started.elapsed().as_secs_f64());
     reg.register(
         "millrace_uptime_seconds",

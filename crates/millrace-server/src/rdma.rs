@@ -2,34 +2,33 @@
 //! NFS/RDMA listener, and (with the NVMe/RDMA transport) its listeners and connected hosts.
 //! Read fresh on each request from sysfs and /proc: nothing here holds state.
 
+use crate::model::{NvmeHosts, RdmaDevice, RdmaPort, RdmaView};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use serde_json::{json, Value};
 
 /// The RDMA section of `/api/v1/status`.
-pub fn view() -> Value {
-    let devices: Vec<Value> = millrace_rdma::devices::list()
-        .into_iter()
-        .map(|d| {
-            json!({
-                "name": d.name,
-                "node_guid": d.node_guid,
-                "ports": d.ports.iter().map(|p| json!({
-                    "port": p.port,
-                    "state": p.state,
-                    "link_layer": p.link_layer,
-                    "rate": p.rate,
-                    "netdev": p.netdev,
-                })).collect::<Vec<_>>(),
-            })
+pub fn view() -> RdmaView {
+    let devices = (millrace_rdma::devices::list().into_iter())
+        .map(|d| RdmaDevice {
+            name: d.name,
+            node_guid: d.node_guid,
+            ports: (d.ports.into_iter())
+                .map(|p| RdmaPort {
+                    port: p.port,
+                    state: p.state,
+                    link_layer: p.link_layer,
+                    rate: p.rate,
+                    netdev: p.netdev,
+                })
+                .collect(),
         })
         .collect();
-    json!({
-        "devices": devices,
-        "nfs_rdma_port": crate::nfs_rdma::listening_port(),
-    })
+    RdmaView {
+        devices,
+        nfs_rdma_port: crate::nfs_rdma::listening_port(),
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -41,7 +40,7 @@ struct PortL {
 }
 
 /// Hosts connected to the NVMe-oF target now (controllers), per transport.
-pub fn hosts_per_transport(t: &millrace_nvmf::Target) -> serde_json::Value {
+pub fn hosts_per_transport(t: &millrace_nvmf::Target) -> NvmeHosts {
     let (mut tcp, mut rdma) = (0u64, 0u64);
     for s in t.subsystems() {
         for h in &s.hosts {
@@ -51,7 +50,7 @@ pub fn hosts_per_transport(t: &millrace_nvmf::Target) -> serde_json::Value {
             }
         }
     }
-    serde_json::json!({"tcp": tcp, "rdma": rdma})
+    NvmeHosts { tcp, rdma }
 }
 
 /// `millrace_rdma_port_up` per device port and `millrace_nfs_rdma_listening`.

@@ -7,15 +7,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use millrace_array::superblock::MemberState;
-use millrace_array::{Cache, CreateOptions, Level, Pool, PoolInfo};
+use millrace_array::{Cache, Pool};
 use millrace_volume::{VolumeInfo, Volumes};
 use parking_lot::RwLock;
-use serde::{Deserialize, Serialize};
 
-use crate::api::ApiError;
-use crate::exports::{self, NbdExportConfig, NvmeExportConfig, NBD_PROP, NVME_PROP};
+use crate::error::ApiError;
 use crate::jobs::Jobs;
 use crate::metered::Meters;
+use crate::model::{MemberIo, PoolStats, PoolView};
+use crate::props::{self, NvmeExportConfig, NVME_PROP};
 
 pub struct PoolEntry {
     pub pool: Pool,
@@ -28,7 +28,7 @@ pub struct State {
     pub serving: bool,
     /// The NVMe/TCP port listens (not so under `millrace serve --no-nvme`).
     pub nvme_listening: std::sync::atomic::AtomicBool,
-    pools: RwLock<BTreeMap<String, Arc<PoolEntry>>>,
+    pub(crate) pools: RwLock<BTreeMap<String, Arc<PoolEntry>>>,
     /// Pools the cache knows that could not be assembled, with the reason.
     pub unavailable: RwLock<BTreeMap<String, String>>,
     pub nvmf: millrace_nvmf::Target,
@@ -42,54 +42,6 @@ pub struct State {
         std::collections::HashMap<String, Vec<tokio::task::JoinHandle<std::io::Result<()>>>>,
     >,
     pub started: Instant,
-}
-
-/// A pool as the API shows it: what `pool show --json` prints, plus volumes and counters.
-#[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct PoolView {
-    #[serde(flatten)]
-    pub info: PoolInfo,
-    pub volumes: Vec<VolumeInfo>,
-    /// Bytes no volume holds, and the largest volume that could be created now (free space
-    /// may lie in several ranges); what an orchestrator places volumes by.
-    #[serde(default)]
-    pub free_bytes: u64,
-    #[serde(default)]
-    pub largest_free_bytes: u64,
-    pub stats: PoolStats,
-    /// I/O of each member slot, in member order.
-    #[serde(default)]
-    pub member_stats: Vec<MemberIo>,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, Default)]
-pub struct MemberIo {
-    pub index: usize,
-    pub read_bytes: u64,
-    pub write_bytes: u64,
-    pub read_ops: u64,
-    pub write_ops: u64,
-    pub errors: u64,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, Default)]
-pub struct PoolStats {
-    pub read_bytes: u64,
-    pub write_bytes: u64,
-    pub read_ops: u64,
-    pub write_ops: u64,
-}
-
-#[derive(Deserialize, Debug)]
-pub struct CreatePool {
-    pub name: String,
-    pub level: String,
-    pub strip_bytes: Option<u64>,
-    pub group: Option<usize>,
-    pub drives: Vec<PathBuf>,
-    pub create_size_bytes: Option<u64>,
-    #[serde(default)]
-    pub force: bool,
 }
 
 /// Props a client may give a volume at creation (an orchestrator's tags, such as the CSI
@@ -126,101 +78,11 @@ fn check_client_props(props: &BTreeMap<String, String>) -> Result<(), ApiError> 
 /// transfers in pieces, and no request makes the server allocate without bound.
 pub const MAX_RAW_IO: u64 = 64 << 20;
 
-fn bad(msg: impl Into<String>) -> ApiError {
+pub(crate) fn bad(msg: impl Into<String>) -> ApiError {
     ApiError::bad_request(msg)
 }
 
 impl State {
-    /// Opens every pool the cache knows and starts the exports they record.
-    pub fn open(home: &Path) -> anyhow::Result<State> {
-        Self::open_with(home, true)
-    }
-
-    /// Opens the pools to change them with no server running (the CLI offline): exports are
-    /// checked and recorded in the volumes, and served when `millrace serve` next starts.
-    pub fn open_offline(home: &Path) -> anyhow::Result<State> {
-        Self::open_with(home, false)
-    }
-
-    fn open_with(home: &Path, serving: bool) -> anyhow::Result<State> {
-        let cache = Cache::load(home)?;
-        let state = State {
-            serving,
-            nvme_listening: Default::default(),
-            nvme_rdma: Default::default(),
-            home: home.to_path_buf(),
-            pools: RwLock::new(BTreeMap::new()),
-            unavailable: RwLock::new(BTreeMap::new()),
-            nvmf: millrace_nvmf::Target::new(millrace_nvmf::TargetConfig::default()),
-            nbd: Arc::new(millrace_nbd::NbdServer::new()),
-            jobs: Jobs::default(),
-            meters: Meters::default(),
-            nbd_listeners: Default::default(),
-            started: Instant::now(),
-        };
-        for name in cache.pools.keys() {
-            match cache.open(name) {
-                Ok(pool) => {
-                    if let Err(e) = state.adopt(pool) {
-                        tracing::error!(pool = %name, "cannot serve the pool: {e}");
-                        state.unavailable.write().insert(name.clone(), e.message);
-                    }
-                }
-                Err(e) => {
-                    tracing::error!(pool = %name, "cannot assemble the pool: {e}");
-                    state
-                        .unavailable
-                        .write()
-                        .insert(name.clone(), e.to_string());
-                }
-            }
-        }
-        Ok(state)
-    }
-
-    /// Takes an open pool into service and starts the exports its volumes record.
-    fn adopt(&self, pool: Pool) -> Result<(), ApiError> {
-        let name = pool.name();
-        for n in &pool.notes {
-            tracing::warn!(pool = %name, "{n}");
-        }
-        // Volumes write to the array directly: record the pool in use now, so a crash while
-        // serving is noticed at the next import and the dirty regions are resynced.
-        pool.mark_in_use()
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        let volumes = Volumes::open(pool.array().clone()).map_err(|e| bad(e.to_string()))?;
-        let entry = Arc::new(PoolEntry { pool, volumes });
-        for v in entry.volumes.list().into_iter().filter(|_| self.serving) {
-            if let Some(c) = v.props.get(NVME_PROP) {
-                match serde_json::from_str::<NvmeExportConfig>(c) {
-                    Ok(c) => {
-                        if let Err(e) = self.start_nvme(&name, &entry, &v, &c) {
-                            tracing::error!(pool = %name, volume = %v.name, "cannot restore the NVMe/TCP export: {}", e.message);
-                        }
-                    }
-                    Err(e) => {
-                        tracing::error!(pool = %name, volume = %v.name, "the recorded NVMe/TCP export is unreadable: {e}")
-                    }
-                }
-            }
-            if let Some(c) = v.props.get(NBD_PROP) {
-                match serde_json::from_str::<NbdExportConfig>(c) {
-                    Ok(c) => {
-                        if let Err(e) = self.start_nbd(&name, &entry, &v, &c) {
-                            tracing::error!(pool = %name, volume = %v.name, "cannot restore the NBD export: {}", e.message);
-                        }
-                    }
-                    Err(e) => {
-                        tracing::error!(pool = %name, volume = %v.name, "the recorded NBD export is unreadable: {e}")
-                    }
-                }
-            }
-        }
-        self.unavailable.write().remove(&name);
-        self.pools.write().insert(name, entry);
-        Ok(())
-    }
-
     pub fn entry(&self, pool: &str) -> Result<Arc<PoolEntry>, ApiError> {
         self.pools.read().get(pool).cloned().ok_or_else(|| {
             match self.unavailable.read().get(pool) {
@@ -263,167 +125,6 @@ impl State {
         }
     }
 
-    pub fn create_pool(&self, req: CreatePool) -> Result<PoolView, ApiError> {
-        if self.pools.read().contains_key(&req.name) {
-            return Err(ApiError::conflict(format!(
-                "a pool named {} is already served; pick another name",
-                req.name
-            )));
-        }
-        let level: Level = req.level.parse().map_err(|e: String| bad(e))?;
-        let opts = CreateOptions {
-            name: req.name.clone(),
-            level,
-            strip: req.strip_bytes.unwrap_or(64 << 10),
-            group: req.group,
-            data_offset: None,
-            create_size: req.create_size_bytes,
-            force: req.force,
-        };
-        let pool = Pool::create(&opts, &req.drives).map_err(|e| bad(e.to_string()))?;
-        for n in &pool.notes {
-            tracing::warn!(pool = %req.name, "{n}");
-        }
-        if !pool.superblock().clean {
-            // Parity of drives that held something else is made consistent before any use.
-            pool.resync(|_, _| {})
-                .map_err(|e| ApiError::internal(format!("cannot initialise the parity: {e}")))?;
-        }
-        let mut cache = Cache::load(&self.home).map_err(|e| ApiError::internal(e.to_string()))?;
-        cache.remember(&pool);
-        cache
-            .save(&self.home)
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        self.adopt(pool)?;
-        let e = self.entry(&req.name)?;
-        Ok(self.pool_view(&e))
-    }
-
-    /// Assembles the pools found on these drives and serves them.
-    pub fn import(
-        &self,
-        drives: &[PathBuf],
-        force: bool,
-    ) -> Result<(Vec<PoolView>, Vec<String>), ApiError> {
-        let (pools, mut notes) =
-            Pool::import_with(drives, force).map_err(|e| bad(e.to_string()))?;
-        if pools.is_empty() {
-            return Err(bad(format!(
-                "no Millrace pool was found on the {} drives given{}",
-                drives.len(),
-                if notes.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({})", notes.join("; "))
-                }
-            )));
-        }
-        let mut cache = Cache::load(&self.home).map_err(|e| ApiError::internal(e.to_string()))?;
-        let mut names = Vec::new();
-        for p in pools {
-            let name = p.name();
-            if self.pools.read().contains_key(&name) {
-                notes.push(format!("pool '{name}' is already served; left as it is"));
-                continue;
-            }
-            notes.extend(p.notes.iter().cloned());
-            cache.remember(&p);
-            self.adopt(p)?;
-            names.push(name);
-        }
-        cache
-            .save(&self.home)
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        // Their exports started with them; their shares come back on those now, as at startup.
-        if self.serving && !names.is_empty() {
-            notes.extend(self.restore_shares_of(Some(&names)));
-        }
-        let views = names
-            .iter()
-            .filter_map(|n| self.entry(n).ok())
-            .map(|e| self.pool_view(&e))
-            .collect();
-        Ok((views, notes))
-    }
-
-    /// Raw bytes of a pool, for `millrace io` and scripts.
-    pub fn read_pool(&self, pool: &str, offset: u64, len: u64) -> Result<Vec<u8>, ApiError> {
-        let e = self.entry(pool)?;
-        let size = e.pool.array().size_bytes();
-        if len > MAX_RAW_IO {
-            return Err(bad(format!(
-                "at most {MAX_RAW_IO} bytes can be read in one call; read {len} bytes in several"
-            )));
-        }
-        if offset.checked_add(len).is_none_or(|end| end > size) {
-            return Err(bad(format!(
-                "the range {offset}+{len} lies past the end of pool {pool} ({size} bytes)"
-            )));
-        }
-        let mut buf = vec![0u8; len as usize];
-        e.pool
-            .read_at(offset, &mut buf)
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        Ok(buf)
-    }
-
-    pub fn write_pool(&self, pool: &str, offset: u64, data: &[u8]) -> Result<(), ApiError> {
-        let e = self.entry(pool)?;
-        let size = e.pool.array().size_bytes();
-        if offset
-            .checked_add(data.len() as u64)
-            .is_none_or(|end| end > size)
-        {
-            return Err(bad(format!(
-                "{} bytes at offset {offset} run past the end of pool {pool} ({size} bytes)",
-                data.len()
-            )));
-        }
-        e.pool
-            .write_at(offset, data)
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        // What the API acknowledges is durable, as `millrace io write` without a server.
-        e.pool
-            .array()
-            .flush()
-            .map_err(|e| ApiError::internal(e.to_string()))
-    }
-
-    pub fn destroy_pool(&self, name: &str) -> Result<(), ApiError> {
-        // A reference of our own would keep the entry shared and make the unwrap below fail.
-        let volumes = self.entry(name)?.volumes.list();
-        if let Some(v) = volumes.iter().find(|v| exports::is_exported(v)) {
-            return Err(ApiError::conflict(format!(
-                "pool {name} still exports volume {}; remove its exports first (`millrace export ... remove {name}/{}`)",
-                v.name, v.name
-            )));
-        }
-        if self.jobs.running_for(name) {
-            return Err(ApiError::conflict(format!(
-                "a rebuild or scrub of pool {name} is running; wait for it to finish"
-            )));
-        }
-        let e = self.pools.write().remove(name).expect("checked above");
-        let entry = match Arc::try_unwrap(e) {
-            Ok(entry) => entry,
-            Err(e) => {
-                self.pools.write().insert(name.to_string(), e);
-                return Err(ApiError::conflict(format!(
-                    "pool {name} is in use by a request; try again"
-                )));
-            }
-        };
-        entry
-            .pool
-            .destroy()
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        let mut cache = Cache::load(&self.home).map_err(|e| ApiError::internal(e.to_string()))?;
-        cache.pools.remove(name);
-        cache
-            .save(&self.home)
-            .map_err(|e| ApiError::internal(e.to_string()))
-    }
-
     pub fn fail(self: &Arc<Self>, pool: &str, path: &Path) -> Result<String, ApiError> {
         let e = self.entry(pool)?;
         let msg = e.pool.fail(path).map_err(|e| bad(e.to_string()))?;
@@ -464,7 +165,7 @@ impl State {
         Ok((msg, self.start_rebuild_if_needed(pool, &e, rate)))
     }
 
-    fn remember(&self, e: &PoolEntry) {
+    pub(crate) fn remember(&self, e: &PoolEntry) {
         if let Ok(mut c) = Cache::load(&self.home) {
             c.remember(&e.pool);
             if let Err(err) = c.save(&self.home) {
@@ -565,10 +266,10 @@ impl State {
     pub fn delete_volume(&self, pool: &str, name: &str) -> Result<(), ApiError> {
         let e = self.entry(pool)?;
         let v = e.volumes.get(name).ok_or_else(|| no_volume(pool, name))?;
-        if exports::is_exported(&v) {
+        if props::is_exported(&v) {
             return Err(ApiError::conflict(format!(
                 "volume {pool}/{name} is exported ({}); remove the export first",
-                exports::describe(&v)
+                props::describe(&v)
             )));
         }
         e.volumes.delete(name).map_err(vol_err)

@@ -50,6 +50,7 @@ type Result<T> = std::result::Result<T, VolumeError>;
 
 /// What a script or the API sees of a volume.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct VolumeInfo {
     pub name: String,
     pub uuid: Uuid,

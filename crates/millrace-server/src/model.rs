@@ -1,0 +1,401 @@
+//! The vocabulary of the server's actions: one request struct and one response struct per
+//! call, as the HTTP API sends and takes them (serde) and as the OpenAPI document describes
+//! them (utoipa). The CLI speaks the same types, in-process or over HTTP.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use millrace_array::PoolInfo;
+use millrace_volume::VolumeInfo;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::props::ShareConfig;
+
+pub use crate::jobs::JobView;
+pub use crate::props::{NbdExportConfig, NvmeExportConfig};
+
+fn yes() -> bool {
+    true
+}
+
+/// A pool as the API shows it: what `pool show --json` prints, plus volumes and counters.
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct PoolView {
+    #[serde(flatten)]
+    pub info: PoolInfo,
+    pub volumes: Vec<VolumeInfo>,
+    /// Bytes no volume holds, and the largest volume that could be created now (free space
+    /// may lie in several ranges); what an orchestrator places volumes by.
+    #[serde(default)]
+    pub free_bytes: u64,
+    #[serde(default)]
+    pub largest_free_bytes: u64,
+    pub stats: PoolStats,
+    /// I/O of each member slot, in member order.
+    #[serde(default)]
+    pub member_stats: Vec<MemberIo>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, ToSchema)]
+pub struct MemberIo {
+    pub index: usize,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub read_ops: u64,
+    pub write_ops: u64,
+    pub errors: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, ToSchema)]
+pub struct PoolStats {
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub read_ops: u64,
+    pub write_ops: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct PoolList {
+    pub pools: Vec<PoolView>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct CreatePool {
+    pub name: String,
+    /// raid0, raid1, raid10, raid5, raid6, raid50 or raid60.
+    pub level: String,
+    pub strip_bytes: Option<u64>,
+    pub group: Option<usize>,
+    #[schema(value_type = Vec<String>)]
+    pub drives: Vec<PathBuf>,
+    /// Create missing drive files of this size.
+    pub create_size_bytes: Option<u64>,
+    /// Where the data area starts on each member (default: after the metadata).
+    #[serde(default)]
+    pub data_offset_bytes: Option<u64>,
+    #[serde(default)]
+    pub force: bool,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct ImportRequest {
+    #[schema(value_type = Vec<String>)]
+    pub drives: Vec<PathBuf>,
+    #[serde(default)]
+    pub force: bool,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct ImportResponse {
+    pub pools: Vec<PoolView>,
+    pub notes: Vec<String>,
+}
+
+/// Where in a pool raw bytes are read or written.
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DataQuery {
+    /// Byte offset in the pool.
+    pub offset: u64,
+    /// How many bytes to read (reads only).
+    pub length: Option<u64>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct Written {
+    pub written: usize,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct Destroyed {
+    pub destroyed: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct PathRequest {
+    #[schema(value_type = String)]
+    pub path: PathBuf,
+    #[serde(default)]
+    pub force: bool,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct Message {
+    pub message: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct ReplaceRequest {
+    #[schema(value_type = String)]
+    pub old: PathBuf,
+    #[schema(value_type = String)]
+    pub new: PathBuf,
+    #[serde(default)]
+    pub force: bool,
+    pub rate_bytes_per_sec: Option<u64>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct ReplaceResponse {
+    pub message: String,
+    /// The rebuild onto the new drive, when one started.
+    pub job: Option<u64>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, ToSchema)]
+pub struct ScrubRequest {
+    #[serde(default)]
+    pub repair: bool,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, ToSchema)]
+pub struct RebuildRequest {
+    pub rate_bytes_per_sec: Option<u64>,
+}
+
+/// A job that was started.
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct JobStarted {
+    pub job: u64,
+}
+
+/// The rebuild job, or null when nothing waits for one.
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct RebuildResponse {
+    pub job: Option<u64>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct JobList {
+    pub jobs: Vec<JobView>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct VolumeList {
+    pub volumes: Vec<VolumeInfo>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct CreateVolume {
+    pub name: String,
+    /// Rounded up to the pool's full stripe.
+    pub size_bytes: u64,
+    /// Create even where the pool's data area holds something that is not a volume table.
+    #[serde(default)]
+    pub force: bool,
+    /// Tags of the client's own (an orchestrator's), written with the volume: keys of letters,
+    /// digits, '.', '_', '-', '/'; not export.* or share*.
+    #[serde(default)]
+    pub props: BTreeMap<String, String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct GrowVolume {
+    pub size_bytes: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct Deleted {
+    pub deleted: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct Removed {
+    pub removed: String,
+}
+
+/// Every export and who is connected.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, ToSchema)]
+pub struct ExportsView {
+    pub nvme: Vec<NvmeExportView>,
+    pub nbd: Vec<NbdExportView>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct NvmeExportView {
+    pub pool: String,
+    pub volume: String,
+    pub nqn: String,
+    pub hosts: Vec<String>,
+    pub allow_any_host: bool,
+    /// The subsystem is live and the NVMe/TCP port listens.
+    pub serving: bool,
+    pub connections: Vec<NvmeConnection>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct NvmeConnection {
+    pub host: String,
+    pub peer: String,
+    pub io_queues: usize,
+    /// tcp or rdma.
+    pub transport: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct NbdExportView {
+    pub pool: String,
+    pub volume: String,
+    pub name: String,
+    pub clients: Vec<String>,
+    pub listen: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub socket: Option<PathBuf>,
+    pub serving: bool,
+    /// Open client connections.
+    pub connections: u64,
+    /// Who: each client's address, or "local socket".
+    pub connected: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct NvmeExportRequest {
+    pub pool: String,
+    pub volume: String,
+    /// The subsystem NQN (default: nqn.2026-11.dev.millrace:POOL.VOLUME).
+    pub nqn: Option<String>,
+    /// Host NQNs allowed to connect.
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    #[serde(default)]
+    pub allow_any_host: bool,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct NbdExportRequest {
+    pub pool: String,
+    pub volume: String,
+    /// The export name (default: POOL/VOLUME).
+    pub name: Option<String>,
+    /// TCP clients (addresses or networks) allowed.
+    #[serde(default)]
+    pub clients: Vec<String>,
+    /// A TCP address of the export's own to listen on.
+    #[schema(value_type = Option<String>)]
+    pub listen: Option<std::net::SocketAddr>,
+    /// A Unix socket of the export's own.
+    #[schema(value_type = Option<String>)]
+    pub socket: Option<PathBuf>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct ShareList {
+    pub shares: Vec<ShareView>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct ShareRequest {
+    pub pool: String,
+    pub volume: String,
+    pub size_bytes: u64,
+    /// NFS clients allowed (addresses, networks such as 10.0.0.0/24, or host names).
+    pub clients: Vec<String>,
+    /// NFS `sync` unless asked otherwise: acknowledged writes survive a crash.
+    #[serde(default = "yes")]
+    #[schema(default = true)]
+    pub sync: bool,
+    #[serde(default = "yes")]
+    #[schema(default = true)]
+    pub root_squash: bool,
+}
+
+/// A share as the API lists it.
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct ShareView {
+    pub pool: String,
+    pub volume: String,
+    pub size_bytes: u64,
+    #[serde(flatten)]
+    pub config: ShareConfig,
+    /// The XFS is mounted at the mountpoint.
+    pub mounted: bool,
+    /// The kernel NFS server exports the mountpoint.
+    pub exported: bool,
+    /// What clients mount: SERVER:PATH.
+    pub nfs_path: String,
+    /// The port nfsd takes NFS/RDMA mounts on (`-o proto=rdma,port=20049`); null where the
+    /// host has no RDMA device or nfsd does not listen for RDMA.
+    pub nfs_rdma_port: Option<u16>,
+}
+
+/// The server at a glance.
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct Status {
+    pub version: String,
+    pub uptime_s: u64,
+    pub pools: usize,
+    pub volumes: usize,
+    pub exports: usize,
+    /// Pools the cache knows that could not be assembled, with the reason.
+    pub unavailable_pools: BTreeMap<String, String>,
+    pub rdma: RdmaView,
+    /// Where NVMe hosts connect (an address of 0.0.0.0 or :: means every address of the
+    /// server): what an orchestrator hands the nodes it attaches.
+    pub nvme_listeners: Vec<NvmeListener>,
+    pub nvme_hosts: NvmeHosts,
+}
+
+/// Hosts connected to the NVMe-oF target now (controllers), per transport.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, ToSchema)]
+pub struct NvmeHosts {
+    pub tcp: u64,
+    pub rdma: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct NvmeListener {
+    /// tcp or rdma.
+    pub transport: String,
+    pub address: String,
+    pub port: u16,
+}
+
+/// The host's RDMA devices and nfsd's NFS/RDMA listener.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, ToSchema)]
+pub struct RdmaView {
+    pub devices: Vec<RdmaDevice>,
+    pub nfs_rdma_port: Option<u16>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct RdmaDevice {
+    pub name: String,
+    pub node_guid: String,
+    pub ports: Vec<RdmaPort>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct RdmaPort {
+    pub port: u32,
+    pub state: String,
+    pub link_layer: String,
+    pub rate: String,
+    pub netdev: Option<String>,
+}
+
+/// A bench run: a simulated pool, or the read workloads of a served pool. Its job's result
+/// holds `results` (as `millrace bench --json`) and `table`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, ToSchema)]
+pub struct BenchRequest {
+    /// A served pool (read workloads only).
+    pub pool: Option<String>,
+    /// A simulated pool instead: DRIVESxRATE[:IOPS], e.g. 16x400M.
+    pub sim: Option<String>,
+    pub level: Option<String>,
+    pub strip_bytes: Option<u64>,
+    pub group: Option<usize>,
+    /// seq, rand, mixed or all.
+    pub suite: Option<String>,
+    pub jobs: Option<Vec<usize>>,
+    pub iodepth: Option<Vec<usize>>,
+    #[serde(default)]
+    pub bs: Vec<u64>,
+    pub degraded: Option<Vec<usize>>,
+    pub seconds: Option<f64>,
+}
+
+/// Raw bytes of a pool (the body of a data read or write).
+#[derive(ToSchema)]
+#[schema(value_type = String, format = Binary)]
+pub struct RawBytes(pub Vec<u8>);
