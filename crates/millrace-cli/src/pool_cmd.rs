@@ -268,11 +268,11 @@ fn api_rebuild(api: &Api, name: &str, rate: Option<u64>) -> Result<()> {
     let req = RebuildRequest {
         rate_bytes_per_sec: rate,
     };
-    let v: RebuildResponse = api.post_as(&format!("{}/rebuild", p(&name)), &req)?;
+    let v: RebuildResponse = api.post_as(&format!("{}/rebuild", p(name)), &req)?;
     match v.job {
         Some(id) => {
             let j = api.follow_job(id, "rebuilding")?;
-            let info: PoolInfo = api.get_as(&p(&name))?;
+            let info: PoolInfo = api.get_as(&p(name))?;
             println!(
                 "{}; pool '{name}' is {}",
                 j["message"].as_str().unwrap_or("rebuilt"),
@@ -286,7 +286,7 @@ fn api_rebuild(api: &Api, name: &str, rate: Option<u64>) -> Result<()> {
 
 fn api_scrub(api: &Api, name: &str, repair: bool, json: bool) -> Result<()> {
     let p = |name: &str| format!("/api/v1/pools/{}", seg(name));
-    let v: JobStarted = api.post_as(&format!("{}/scrub", p(&name)), &ScrubRequest { repair })?;
+    let v: JobStarted = api.post_as(&format!("{}/scrub", p(name)), &ScrubRequest { repair })?;
     let id = v.job;
     let j = api.follow_job(
         id,
@@ -297,12 +297,12 @@ fn api_scrub(api: &Api, name: &str, repair: bool, json: bool) -> Result<()> {
         },
     )?;
     let rep: millrace_array::engine::ScrubReport = serde_json::from_value(j["result"].clone())?;
-    print_scrub(&name, &rep, repair, json)
+    print_scrub(name, &rep, repair, json)
 }
 
 fn offline_fail(home: &Path, name: &str, drive: &Path) -> Result<()> {
     let pool = Cache::load(home)?.open(name)?;
-    let msg = pool.fail(&drive)?;
+    let msg = pool.fail(drive)?;
     println!("{msg}");
     let cache_paths_changed = pool.info().rebuild.is_some();
     if cache_paths_changed {
@@ -317,7 +317,7 @@ fn offline_fail(home: &Path, name: &str, drive: &Path) -> Result<()> {
 
 fn offline_spare(home: &Path, name: &str, drive: &Path, force: bool) -> Result<()> {
     let pool = Cache::load(home)?.open(name)?;
-    println!("{}", pool.add_spare(&drive, force)?);
+    println!("{}", pool.add_spare(drive, force)?);
     let mut cache = Cache::load(home)?;
     cache.remember(&pool);
     cache.save(home)?;
@@ -341,7 +341,7 @@ fn offline_scrub(home: &Path, name: &str, repair: bool, json: bool) -> Result<()
     })?;
     bar.finish_and_clear();
     pool.close()?;
-    print_scrub(&name, &rep, repair, json)?;
+    print_scrub(name, &rep, repair, json)?;
     Ok(())
 }
 

@@ -36,16 +36,15 @@ fn uses(text: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
         for (i, _) in code.match_indices("crate::") {
             let rest = &code[i + "crate::".len()..];
             let rest = rest.trim_start_matches('{');
-            for name in
-                rest.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ',' || c == ' '))
-            {
-                for n in name.split(',') {
-                    let n = n.trim();
-                    if modules.contains(n) {
-                        out.insert(n.to_string());
-                    }
+            let name = rest
+                .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ',' || c == ' '))
+                .next()
+                .unwrap_or("");
+            for n in name.split(',') {
+                let n = n.trim();
+                if modules.contains(n) {
+                    out.insert(n.to_string());
                 }
-                break;
             }
         }
     }

@@ -36,7 +36,6 @@ type S = AxState<Arc<State>>;
         description = "Pools, members, volumes, exports, rebuilds and scrubs of a Millrace data server. Listening beyond loopback, every call needs 'Authorization: Bearer TOKEN'."
     ),
     components(schemas(ErrorBody)),
-    modifiers(&Refusals),
     security(("bearer" = []))
 )]
 struct ApiDoc;
@@ -90,7 +89,10 @@ fn routes() -> (Router<Arc<State>>, Doc) {
     let api = pools::routes(api);
     let api = volumes::routes(api);
     let api = exports::routes(api);
-    api.split_for_parts()
+    let (router, mut doc) = api.split_for_parts();
+    // After the routes: a modifier of ApiDoc would run before they add their paths.
+    utoipa::Modify::modify(&Refusals, &mut doc);
+    (router, doc)
 }
 
 pub fn router(state: Arc<State>, token: Option<String>) -> Router {
