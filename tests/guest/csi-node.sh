@@ -5,7 +5,8 @@
 # namespace by its UUID. csi-sanity's Node suite with raw block volumes; then the driver's guest
 # test, where NodeStage makes xfs on a blank volume and mounts it: a file written through one
 # publish reads back after unstage (disconnect) and restage, the volume and its filesystem grow,
-# and a volume made where a deleted one lay reads as zeros (or, until #17, is refused). Ends with
+# and a volume made where a deleted one lay reads as zeros; then csi-sanity's Node suite with
+# filesystem volumes, one after another on the same space. Ends with
 # no volume and no NVMe connection left.
 #   usage (on the host): cargo build -p millrace-cli && bash tests/csi/build-for-guest.sh target/debug
 #          tests/guest/run-in-guest --timeout 1200 tests/guest/csi-node.sh $PWD/target/debug
@@ -66,25 +67,26 @@ sanity() {
 # Raw block volumes first: they connect, attach and bind the device, but write nothing, so the
 # space they leave is blank for what follows.
 sanity block
-# A volume made where a deleted one lay must read as zeros. Until the server's allocation map
-# (#17) makes it so, the test proves the driver refuses such a volume (neither mounts nor
-# overwrites the old data) and prints a KNOWN GAP line; set MILLRACE_GUEST_REQUIRE_BLANK=1 (the
-# default once #17 is on main) to fail on it.
-MILLRACE_GUEST_REQUIRE_BLANK=${MILLRACE_GUEST_REQUIRE_BLANK:-0}
+# A volume made where a deleted one lay must read as zeros: the server deallocates a volume's
+# extent before it gives it out, and its allocation map answers reads of unwritten space with
+# zeroes (#17). The test fails if the new volume shows the old one's data; with
+# MILLRACE_GUEST_REQUIRE_BLANK=0 it only checks that the driver refuses such a volume (neither
+# mounts nor overwrites it).
+MILLRACE_GUEST_REQUIRE_BLANK=${MILLRACE_GUEST_REQUIRE_BLANK:-1}
 MILLRACE_GUEST_REQUIRE_BLANK=$MILLRACE_GUEST_REQUIRE_BLANK \
 MILLRACE_GUEST_SERVER=$url MILLRACE_GUEST_NODE=$NODE MILLRACE_GUEST_DIR=$work \
   "$DIR/csi-guest.test" -test.run TestGuest -test.v -test.count=1 > "$work/guest-test.out" 2>&1 \
   || { cat "$work/guest-test.out"; fail "the driver's guest test"; }
 grep -q -- "--- PASS: TestGuest" "$work/guest-test.out" || { cat "$work/guest-test.out"; fail "the guest test did not run"; }
 grep -o "KNOWN GAP.*" "$work/guest-test.out" || true
-step "restage keeps the data, the volume and its xfs grow; a volume made where a deleted one lay is blank or refused"
+step "restage keeps the data, the volume and its xfs grow; a volume made where a deleted one lay is blank"
 
-# Filesystem volumes in csi-sanity follow one another on the same space: until new volumes are
-# blank (#17), the second would hold the first one's xfs and be refused, as it must be.
+# Filesystem volumes in csi-sanity follow one another on the same space: each new one must be
+# blank, or the driver would find the previous one's xfs and refuse it.
 if [[ $MILLRACE_GUEST_REQUIRE_BLANK == 1 ]]; then
   sanity mount
 else
-  echo "csi-node: csi-sanity with filesystem volumes waits for blank new volumes (#17); MILLRACE_GUEST_REQUIRE_BLANK=1 runs it"
+  echo "csi-node: csi-sanity with filesystem volumes needs blank new volumes; MILLRACE_GUEST_REQUIRE_BLANK=0 skips it"
 fi
 
 left=$("$DIR/millrace" volume list --json | grep -c '"name"' || true)
