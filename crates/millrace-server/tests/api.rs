@@ -624,6 +624,16 @@ fn a_token_guards_the_api_but_not_the_page() {
     s.token = Some("s3cret-token".into());
     let (st, v) = s.get("/api/v1/pools");
     assert_eq!(st, 200, "{v}");
+    // The scheme is case-insensitive (RFC 7235): curl users write "bearer".
+    for scheme in ["bearer", "BEARER", "BeArEr"] {
+        let r = s
+            .agent
+            .get(format!("{}/api/v1/pools", s.url))
+            .header("Authorization", &format!("{scheme} s3cret-token"))
+            .call()
+            .unwrap();
+        assert_eq!(r.status(), 200, "scheme {scheme} refused");
+    }
     let (st, _) = s.text("/metrics");
     assert_eq!(st, 200);
     // The page holds no data and loads without the token; it asks for one when the API does.

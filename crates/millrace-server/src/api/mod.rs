@@ -120,6 +120,15 @@ pub fn router(state: Arc<State>, token: Option<String>) -> Router {
         .with_state(state)
 }
 
+/// The credentials of an `Authorization: Bearer TOKEN` header. The scheme name is
+/// case-insensitive (RFC 7235 2.1), so `bearer` and `BEARER` are the same scheme.
+fn bearer_credentials(v: &str) -> Option<&str> {
+    let (scheme, rest) = v.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| rest.trim_start_matches(' '))
+}
+
 async fn require_token(
     AxState(token): AxState<Arc<String>>,
     headers: HeaderMap,
@@ -129,7 +138,7 @@ async fn require_token(
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer_credentials);
     match given {
         Some(g) if constant_time_eq(g.as_bytes(), token.as_bytes()) => next.run(req).await,
         Some(_) => (
