@@ -27,6 +27,33 @@ pub(super) fn gen_parity<B: std::ops::DerefMut<Target = [u8]>>(
 }
 
 /// Rebuilds the missing strips (layout positions) of one group's span in place.
+/// Reads the readable strips of one row of a group (`layout`: its members in strip order) and
+/// rebuilds the `missing` ones from them; None where a read failed (its member is then failed).
+/// Rebuild and the partial-parity log's recovery both make a row whole this way.
+pub(super) fn read_and_recover(
+    a: &Array,
+    layout: &[usize],
+    row: u64,
+    missing: &[usize],
+) -> Option<Vec<AlignedBuf>> {
+    let off = a.member_offset(row, 0);
+    let strip = a.geo.strip as usize;
+    let mut bufs: Vec<AlignedBuf> = layout.iter().map(|_| AlignedBuf::zeroed(strip)).collect();
+    let mut ops: Vec<Op> = bufs
+        .iter_mut()
+        .enumerate()
+        .filter(|(i, _)| !missing.contains(i))
+        .map(|(i, b)| Op::read(layout[i], off, b))
+        .collect();
+    if !a.run(&mut ops) {
+        return None;
+    }
+    drop(ops);
+    let mut strips: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    recover(&mut strips, missing, a.geo.level.parity());
+    Some(bufs)
+}
+
 pub(super) fn recover(strips: &mut [&mut [u8]], missing: &[usize], np: usize) {
     if missing.is_empty() {
         return;
@@ -107,20 +134,9 @@ impl Layout for Parity {
         let layout = a.geo.group_layout(row, group);
         let missing = missing(a, row, group, &layout)?;
         let off = a.member_offset(row, 0);
-        let strip = a.geo.strip as usize;
-        let mut bufs: Vec<AlignedBuf> = layout.iter().map(|_| AlignedBuf::zeroed(strip)).collect();
-        let mut ops: Vec<Op> = bufs
-            .iter_mut()
-            .enumerate()
-            .filter(|(i, _)| !missing.contains(i))
-            .map(|(i, b)| Op::read(layout[i], off, b))
-            .collect();
-        if !a.run(&mut ops) {
+        let Some(bufs) = read_and_recover(a, &layout, row, &missing) else {
             return Ok(false);
-        }
-        drop(ops);
-        let mut strips: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
-        recover(&mut strips, &missing, a.geo.level.parity());
+        };
         let mut ops: Vec<Op> = layout
             .iter()
             .enumerate()

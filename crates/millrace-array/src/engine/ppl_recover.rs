@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use super::parity::recover;
+use super::parity::read_and_recover;
 use super::Array;
 use crate::aligned::AlignedBuf;
 use crate::io::Op;
@@ -183,21 +183,10 @@ impl Array {
         if missing.is_empty() || missing.len() > np {
             return;
         }
-        let strip = self.geo.strip as usize;
         let off = self.member_offset(row, 0);
-        let mut bufs: Vec<AlignedBuf> = layout.iter().map(|_| AlignedBuf::zeroed(strip)).collect();
-        let mut ops: Vec<Op> = bufs
-            .iter_mut()
-            .enumerate()
-            .filter(|(i, _)| !missing.contains(i))
-            .map(|(i, b)| Op::read(layout[i], off, b))
-            .collect();
-        if !self.run(&mut ops) {
+        let Some(bufs) = read_and_recover(self, &layout, row, &missing) else {
             return;
-        }
-        drop(ops);
-        let mut strips: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
-        recover(&mut strips, &missing, np);
+        };
         let mut ops: Vec<Op> = missing
             .iter()
             .filter(|&&i| self.writable(layout[i]))
