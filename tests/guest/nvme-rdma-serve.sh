@@ -16,6 +16,8 @@ MR=$DIR/millrace
 [[ -x $MR ]] || { echo "nvme-rdma-serve: millrace is missing under $DIR; build it first (cargo build -p millrace-cli)"; exit 1; }
 # shellcheck source=../lib/soft-roce.sh
 source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../lib/soft-roce.sh"
+# shellcheck source=../lib/nvme-host.sh
+source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../lib/nvme-host.sh"
 HOST=nqn.2014-08.org.nvmexpress:uuid:4d696c6c-7261-6365-0000-000000000001
 HOSTID=4d696c6c-7261-6365-0000-000000000001
 BADHOST=nqn.2014-08.org.nvmexpress:uuid:4d696c6c-7261-6365-0000-0000000000ff
@@ -74,18 +76,6 @@ nvme discover -t rdma -a "$RDMA_ADDR" -s 4420 --hostnqn "$BADHOST" --hostid "$BA
 grep -q "$NQN" "$work/discbad" && fail "discovery over RDMA shows $NQN to a host that is not allowed"
 step "nvme discover -t rdma: $NQN listed once over rdma and once over tcp; hidden from a stranger"
 
-find_ns() {
-  for _ in $(seq 100); do
-    for c in /sys/class/nvme/nvme*; do
-      [[ -e $c/subsysnqn && $(cat "$c/subsysnqn") == "$NQN" ]] || continue
-      ctrl=$(basename "$c")
-      d=$(ls -d /sys/block/nvme*n1 2>/dev/null | grep -v 'c[0-9]*n1$' | head -1)
-      [[ -n $d && -b /dev/$(basename "$d") ]] && { ns=/dev/$(basename "$d"); return 0; }
-    done
-    sleep 0.2
-  done
-  return 1
-}
 connect() {
   nvme connect "${common[@]}" -n "$NQN" -i 2 > "$work/connect.out" 2>&1 \
     || { cat "$work/connect.out"; fail "nvme connect -t rdma"; }

@@ -15,6 +15,8 @@ PROBE=$DIR/examples/rdma_refuse
 [[ -x $PROBE ]] || { echo "nvme-rdma: $PROBE is missing; build it first (cargo build -p millrace-nvmf-rdma --examples)"; exit 1; }
 # shellcheck source=../lib/soft-roce.sh
 source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../lib/soft-roce.sh"
+# shellcheck source=../lib/nvme-host.sh
+source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../lib/nvme-host.sh"
 HOST=nqn.2014-08.org.nvmexpress:uuid:4d696c6c-7261-6365-0000-000000000001
 HOSTID=4d696c6c-7261-6365-0000-000000000001
 BADHOST=nqn.2014-08.org.nvmexpress:uuid:4d696c6c-7261-6365-0000-0000000000ff
@@ -67,18 +69,6 @@ grep "subnqn: *$NQN" "$work/disc" > /dev/null || { cat "$work/disc"; fail "disco
 grep "trtype: *rdma" "$work/disc" > /dev/null || fail "discovery does not say rdma"
 step "nvme discover -t rdma lists $NQN"
 
-find_ns() {
-  for _ in $(seq 100); do
-    for c in /sys/class/nvme/nvme*; do
-      [[ -e $c/subsysnqn && $(cat "$c/subsysnqn") == "$NQN" ]] || continue
-      ctrl=$(basename "$c")
-      d=$(ls -d /sys/block/nvme*n1 2>/dev/null | grep -v 'c[0-9]*n1$' | head -1)
-      [[ -n $d && -b /dev/$(basename "$d") ]] && { ns=/dev/$(basename "$d"); return 0; }
-    done
-    sleep 0.2
-  done
-  return 1
-}
 connect() {
   nvme connect "${common[@]}" -n "$NQN" -i 2 > "$work/connect.out" 2>&1 || { cat "$work/connect.out"; fail "nvme connect -t rdma"; }
   find_ns || fail "no namespace appeared after nvme connect -t rdma"
