@@ -1,0 +1,51 @@
+# Shared by the peer benchmarks (scripts/bench-nvmf-spdk.sh, scripts/bench-nbd-nbdkit.sh): a
+# Millrace server over RAM-backed drive files pinned to one core, and the CPU a process used.
+# Sourced, not run.
+
+# cpu_ticks PID: user + system clock ticks of a process, all its threads.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+
+# us_per_io TICKS_BEFORE TICKS_AFTER IOS: CPU microseconds per I/O, one decimal.
+us_per_io() { awk -v a="$1" -v b="$2" -v n="$3" -v hz="$hz" 'BEGIN { if (n > 0) printf "%.1f", (b - a) * 1e6 / hz / n; else print "-" }'; }
+
+# ratio A B: A / B with two decimals, "-" when B is empty or zero.
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b + 0 > 0) printf "%.2f", a / b; else print "-" }'; }
+
+# pinned_to PID: the CPUs a process may run on.
+pinned_to() { taskset -pc "$1" | sed 's/.*: //'; }
+
+# A core of its own: warn when something else ran on CPU C during the last run. busy_other C
+# SECONDS PIDS... prints the share of CPU C's time spent by processes other than PIDS.
+cpu_stat() { awk -v c="cpu$1" '$1 == c {print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8}' /proc/stat; }
+
+# start_millrace HOME CPU LEVEL MEMBERS MEMBER_SIZE SERVE_ARGS...: a pool of MEMBERS drive files
+# of MEMBER_SIZE in /dev/shm (64 KiB strips), one volume `bench/v` over most of it, the server
+# pinned to CPU. Sets m (the CLI), server (its pid), vol_size.
+start_millrace() {
+    local home=$1 cpu=$2 level=$3 members=$4 member_size=$5
+    shift 5
+    m=${MILLRACE_BIN:-$PWD/target/release/millrace}
+    export MILLRACE_HOME=$home
+    mkdir -p "$home"
+    local drives=()
+    for i in $(seq 0 $((members - 1))); do drives+=("/dev/shm/millrace-bench-$$-$i.img"); done
+    "$m" pool create bench --level "$level" --strip 64k --create "$member_size" "${drives[@]}" >/dev/null
+    vol_size=$("$m" pool show bench --json | python3 -c 'import json,sys; p=json.load(sys.stdin); print(p["size_bytes"] * 9 // 10 // (1<<20) * (1<<20))')
+    "$m" volume create bench/v --size "$vol_size" >/dev/null
+    local cores=()
+    "$m" serve --help | grep -q -- '--cores' && cores=(--cores 1)
+    taskset -c "$cpu" "$m" serve "${cores[@]}" "$@" >"$home/serve.log" 2>&1 &
+    server=$!
+    for _ in $(seq 200); do "$m" status >/dev/null 2>&1 && break; sleep 0.1; done
+    "$m" status >/dev/null
+}
+
+stop_millrace() {
+    if [[ -n ${server:-} ]] && kill -0 "$server" 2>/dev/null; then
+        kill "$server"
+        wait "$server" 2>/dev/null || true
+    fi
+    server=
+    rm -f /dev/shm/millrace-bench-$$-*.img
+}

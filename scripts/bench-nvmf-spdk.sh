@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# NVMe/TCP: Millrace's target against SPDK's nvmf_tgt (issue #15), the same initiator for both
+# (SPDK's spdk_nvme_perf), each target pinned to CPU 0 and the initiator to CPU 1, over loopback.
+# Millrace serves a RAID0 volume over 4 drive files in /dev/shm (64 KiB strips); SPDK serves a
+# RAID0 bdev over 4 malloc bdevs of the same size (64 KiB strips). Rows: 4K random read and write
+# at QD64, 128K sequential read and write at QD16; then Millrace's RAID6 over 6 members against
+# RAID0 over the same 6 for 128K sequential writes. Each row: IOPS, the ratio, and the targets'
+# CPU microseconds per I/O (SPDK's reactor polls: its core is busy all the run, so its CPU per
+# I/O is the run's length over its I/Os).
+#
+# SPDK is not packaged and this project does not build it: point SPDK_DIR at a built SPDK v24.01
+# tree (build/bin/nvmf_tgt, build/bin/spdk_nvme_perf, scripts/rpc.py). Without it this script says
+# so and stops: the initiator is SPDK's too, so there is nothing to compare without it.
+# Timing: run it on a quiet machine (nothing else compiling), as root (SPDK without hugepages).
+# Usage: SPDK_DIR=/path/to/spdk scripts/bench-nvmf-spdk.sh [SECONDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-10}
+member_mib=${MEMBER_MIB:-512}
+spdk=${SPDK_DIR:-}
+if [[ -z $spdk || ! -x $spdk/build/bin/nvmf_tgt || ! -x $spdk/build/bin/spdk_nvme_perf ]]; then
+    echo "SPDK is not here: set SPDK_DIR to a built SPDK v24.01 tree (with build/bin/nvmf_tgt and" >&2
+    echo "build/bin/spdk_nvme_perf). It is the peer and the common initiator, so this benchmark is skipped." >&2
+    exit 0
+fi
+source scripts/bench-lib.sh
+[[ -n ${MILLRACE_BIN:-} ]] || cargo build --release -q -p millrace-cli
+perf=$spdk/build/bin/spdk_nvme_perf
+host=nqn.2014-08.org.nvmexpress:uuid:6d696c6c-7261-6365-0000-62656e636830
+tmp=$(mktemp -d)
+tgt=
+cleanup() {
+    stop_millrace
+    [[ -n $tgt ]] && kill "$tgt" 2>/dev/null && wait "$tgt" 2>/dev/null
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+# run_perf PORT NQN WORKLOAD SIZE QD SECONDS: prints "IOPS"
+run_perf() {
+    local out
+    out=$(taskset -c 1 "$perf" --no-huge -s 1024 -c 0x2 -q "$5" -o "$4" -w "$3" -t "$6" \
+        -r "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$1 subnqn:$2 hostnqn:$host" 2>&1) || {
+        echo "$out" >&2
+        return 1
+    }
+    echo "$out" | awk '/^Total/ { for (i = 1; i <= NF; i++) if ($i == ":") { print $(i + 1); exit } }'
+}
+
+rows=("randread 4096 64" "randwrite 4096 64" "read 131072 16" "write 131072 16")
+declare -A mr_iops mr_cpu sp_iops sp_cpu
+
+# one side: PORT NQN PID NAME (fills NAME_iops / NAME_cpu)
+measure() {
+    local port=$1 nqn=$2 pid=$3 side=$4
+    run_perf "$port" "$nqn" write 1048576 8 "$(( member_mib * 4 / 400 + 3 ))" >/dev/null # fill
+    for row in "${rows[@]}"; do
+        read -r w bs qd <<<"$row"
+        run_perf "$port" "$nqn" "$w" "$bs" "$qd" 2 >/dev/null # warm
+        local t0 c0 c1 iops
+        t0=$(cpu_ticks "$pid"); c0=$(cpu_stat 0)
+        iops=$(run_perf "$port" "$nqn" "$w" "$bs" "$qd" "$secs")
+        c1=$(cpu_stat 0)
+        local ios; ios=$(awk -v r="$iops" -v s="$secs" 'BEGIN { printf "%d", r * s }')
+        if [[ $side == mr ]]; then
+            mr_iops[$row]=$iops; mr_cpu[$row]=$(us_per_io "$t0" "$(cpu_ticks "$pid")" "$ios")
+        else
+            sp_iops[$row]=$iops; sp_cpu[$row]=$(awk -v s="$secs" -v n="$ios" 'BEGIN { printf "%.1f", s * 1e6 / n }')
+        fi
+        read -r b0 a0 <<<"$c0"; read -r b1 a1 <<<"$c1"
+        echo "  $side $row: $iops IOPS; CPU 0 busy $(awk -v b=$((b1 - b0)) -v a=$((a1 - a0)) 'BEGIN { printf "%.0f%%", 100 * b / a }')" >&2
+    done
+}
+
+echo "Millrace (RAID0, 4 x ${member_mib} MiB in /dev/shm), target on CPU 0, initiator on CPU 1" >&2
+start_millrace "$tmp/home" 0 raid0 4 "${member_mib}M" --nvme 127.0.0.1:4420 --discovery-port 8019 --api 127.0.0.1:8749
+"$m" export nvme add bench/v --host "$host" >/dev/null
+nqn=nqn.2026-11.dev.millrace:bench.v
+echo "  server pinned to CPUs $(pinned_to "$server")" >&2
+measure 4420 "$nqn" "$server" mr
+stop_millrace
+
+echo "SPDK nvmf_tgt (RAID0 bdev over 4 x ${member_mib} MiB malloc bdevs), reactor on CPU 0" >&2
+sock=$tmp/spdk.sock
+"$spdk/build/bin/nvmf_tgt" -m 0x1 --no-huge -s $(( member_mib * 4 + 1024 )) -r "$sock" >"$tmp/tgt.log" 2>&1 &
+tgt=$!
+rpc() { "$spdk/scripts/rpc.py" -s "$sock" "$@" >/dev/null; }
+for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.2; done
+rpc nvmf_create_transport -t TCP
+for i in 0 1 2 3; do rpc bdev_malloc_create -b "m$i" "$member_mib" 4096; done
+rpc bdev_raid_create -n r0 -z 64 -r 0 -b "m0 m1 m2 m3"
+spdk_nqn=nqn.2016-06.io.spdk:bench
+rpc nvmf_create_subsystem "$spdk_nqn" -s SPDK0001
+rpc nvmf_subsystem_add_host "$spdk_nqn" "$host"
+rpc nvmf_subsystem_add_ns "$spdk_nqn" r0
+rpc nvmf_subsystem_add_listener "$spdk_nqn" -t tcp -f ipv4 -a 127.0.0.1 -s 4421
+echo "  nvmf_tgt pinned to CPUs $(pinned_to "$tgt")" >&2
+measure 4421 "$spdk_nqn" "$tgt" sp
+kill "$tgt"; wait "$tgt" 2>/dev/null || true; tgt=
+
+echo "Millrace RAID6 against RAID0 over the same 6 members, 128K sequential writes at QD16" >&2
+declare -A six
+for level in raid0 raid6; do
+    start_millrace "$tmp/home-$level" 0 "$level" 6 "${member_mib}M" --nvme 127.0.0.1:4420 --discovery-port 8019 --api 127.0.0.1:8749
+    "$m" export nvme add bench/v --host "$host" >/dev/null
+    run_perf 4420 "$nqn" write 1048576 8 "$(( member_mib * 6 / 400 + 3 ))" >/dev/null
+    six[$level]=$(run_perf 4420 "$nqn" write 131072 16 "$secs")
+    stop_millrace
+done
+
+echo
+echo "| workload | queue depth | Millrace IOPS | SPDK IOPS | ratio | target CPU us/I/O Millrace | SPDK |"
+echo "|---|---|---|---|---|---|---|"
+for row in "${rows[@]}"; do
+    read -r w bs qd <<<"$row"
+    echo "| $w $((bs / 1024))K | $qd | ${mr_iops[$row]} | ${sp_iops[$row]} | $(ratio "${mr_iops[$row]}" "${sp_iops[$row]}") | ${mr_cpu[$row]} | ${sp_cpu[$row]} |"
+done
+echo
+echo "RAID6 / RAID0, 6 members, 128K sequential write QD16: ${six[raid6]} / ${six[raid0]} IOPS = $(ratio "${six[raid6]}" "${six[raid0]}")"
