@@ -21,7 +21,7 @@ cpu_stat() { awk -v c="cpu$1" '$1 == c {print $2 + $3 + $4 + $7 + $8, $2 + $3 + 
 
 # start_millrace HOME CPU LEVEL MEMBERS MEMBER_SIZE SERVE_ARGS...: a pool of MEMBERS drive files
 # of MEMBER_SIZE in /dev/shm (64 KiB strips), one volume `bench/v` over most of it, the server
-# pinned to CPU. Sets m (the CLI), server (its pid), vol_size.
+# pinned to CPU (VOL_SIZE overrides the volume's size). Sets m (the CLI), server (its pid), vol_size.
 start_millrace() {
     local home=$1 cpu=$2 level=$3 members=$4 member_size=$5
     shift 5
@@ -31,7 +31,8 @@ start_millrace() {
     local drives=()
     for i in $(seq 0 $((members - 1))); do drives+=("/dev/shm/millrace-bench-$$-$i.img"); done
     "$m" pool create bench --level "$level" --strip 64k --create "$member_size" "${drives[@]}" >/dev/null
-    vol_size=$("$m" pool show bench --json | python3 -c 'import json,sys; p=json.load(sys.stdin); print(p["size_bytes"] * 9 // 10 // (1<<20) * (1<<20))')
+    vol_size=${VOL_SIZE:-}
+    [[ -n $vol_size ]] || vol_size=$("$m" pool show bench --json | python3 -c 'import json,sys; p=json.load(sys.stdin); print(p["size_bytes"] * 9 // 10 // (1<<20) * (1<<20))')
     "$m" volume create bench/v --size "$vol_size" >/dev/null
     local cores=()
     "$m" serve --help | grep -q -- '--cores' && cores=(--cores 1)
