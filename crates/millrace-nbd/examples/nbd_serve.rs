@@ -17,7 +17,8 @@ use std::sync::Arc;
 
 use clap::Parser;
 use millrace_block::{check_range, BlockDevice};
-use millrace_nbd::{Export, IpNet, NbdServer};
+use millrace_io::{BufPool, Cores, CoresConfig, PoolConfig};
+use millrace_nbd::{Export, IpNet, Limits, NbdServer};
 
 #[derive(Parser)]
 #[command(about = "Serve a file as an NBD export (Millrace's NBD server on its own)")]
@@ -48,6 +49,15 @@ struct Args {
     /// The preferred I/O size the device reports (a volume reports its full stripe).
     #[arg(long, value_parser = parse_size, default_value = "4096")]
     preferred_io: u64,
+    /// Cores (threads, each an event loop) that run the connections.
+    #[arg(long, default_value_t = 1)]
+    cores: usize,
+    /// Pin core i to CPU cpus[i % n] (a comma-separated list).
+    #[arg(long, value_delimiter = ',')]
+    cpus: Vec<usize>,
+    /// Bytes of the buffer pool that holds every request's payload, faulted in at start.
+    #[arg(long, value_parser = parse_size, default_value = "256M")]
+    pool: u64,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -215,7 +225,21 @@ async fn run() -> Result<(), String> {
         .iter()
         .map(|s| parse_allowed(s))
         .collect::<Result<Vec<_>, _>>()?;
-    let server = NbdServer::new();
+    let pool = BufPool::new(&PoolConfig {
+        bytes: usize::try_from(a.pool).map_err(|_| "--pool is too large".to_string())?,
+        slices: a.cores.max(1),
+        max_buf: 32 << 20,
+        populate: true,
+    })
+    .map_err(|e| e.to_string())?;
+    let cores = Cores::start(CoresConfig {
+        cores: a.cores.max(1),
+        cpus: (!a.cpus.is_empty()).then(|| a.cpus.clone()),
+        pool: Some(pool.clone()),
+        ..CoresConfig::default()
+    })
+    .map_err(|e| format!("cannot start the cores: {e}"))?;
+    let server = NbdServer::with_data_path(Limits::default(), Arc::new(cores), pool);
     server
         .add_export(Export {
             name: a.name.clone(),

@@ -33,6 +33,8 @@ struct Haggle<'a> {
     peer: &'a Peer,
     /// The one export this listener serves (an export's own socket or port), if any.
     only: Option<&'a str>,
+    /// The largest request the server takes (its pool's largest buffer).
+    max_payload: u32,
     no_zeroes: bool,
     structured: bool,
     /// The export name of the last NBD_OPT_SET_META_CONTEXT that selected `base:allocation`.
@@ -56,6 +58,7 @@ pub(crate) async fn negotiate<R, W>(
     w: &mut W,
     peer: &Peer,
     only: Option<&str>,
+    max_payload: u32,
 ) -> io::Result<Option<Session>>
 where
     R: AsyncRead + Unpin,
@@ -74,6 +77,7 @@ where
         inner,
         peer,
         only,
+        max_payload,
         no_zeroes: cflags & CLIENT_NO_ZEROES != 0,
         structured: false,
         meta: None,
@@ -244,8 +248,11 @@ impl Haggle<'_> {
                     info_string(INFO_DESCRIPTION, &ex.description)
                 }
                 INFO_BLOCK_SIZE => {
-                    let (min, pref, max) =
-                        block_sizes(ex.dev.preferred_io_bytes(), ex.dev.block_bytes());
+                    let (min, pref, max) = block_sizes(
+                        ex.dev.preferred_io_bytes(),
+                        ex.dev.block_bytes(),
+                        self.max_payload,
+                    );
                     info_block_size(min, pref, max)
                 }
                 // Unknown or unavailable information is simply not sent.

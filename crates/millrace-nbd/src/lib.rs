@@ -35,21 +35,26 @@
 //! ```
 
 mod conn;
+mod datapath;
 mod handshake;
 pub mod meta;
 pub mod proto;
+mod request;
 
 use std::collections::HashMap;
 use std::io;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use millrace_block::BlockDevice;
+use millrace_io::{BufPool, CoreTask, Cores, PoolUsage};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+pub use datapath::DataPath;
 pub use ipnet::IpNet;
 
 /// One export: a named block device and who may reach it.
@@ -90,6 +95,8 @@ pub enum Error {
     BadName { name: String, why: String },
     #[error("the description of export {0:?} is longer than the protocol's 4096 bytes")]
     DescriptionTooLong(String),
+    #[error("the NBD server already runs its connections on other cores; give it its cores and pool before it serves")]
+    DataPathSet,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -103,10 +110,18 @@ pub struct Limits {
     /// Requests being served at once on one connection.
     pub max_in_flight: usize,
     /// Payload bytes (read buffers and write data) held at once for one connection. Never
-    /// less than the 32 MiB maximum request, so that one maximal request always fits.
+    /// less than the largest request, so that one maximal request always fits.
     pub max_in_flight_bytes: usize,
+    /// Payload bytes held at once by one client: all connections from one TCP address, or all
+    /// local-socket clients together. None: a quarter of the buffer pool. Never less than the largest
+    /// request. The pool itself bounds all clients together.
+    pub max_client_bytes: Option<usize>,
     /// Time a client has to finish option haggling.
     pub handshake_timeout: Duration,
+    /// Time a write's payload has to arrive once the server has given it a buffer, and a
+    /// reply has to be taken by the client; past it the connection is closed and its buffers
+    /// go back to the pool (a stalled client holds no memory longer than this).
+    pub payload_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -115,7 +130,9 @@ impl Default for Limits {
             max_connections: 1024,
             max_in_flight: 64,
             max_in_flight_bytes: 128 << 20,
+            max_client_bytes: None,
             handshake_timeout: Duration::from_secs(60),
+            payload_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -263,6 +280,8 @@ pub(crate) struct Inner {
     pub counters: Counters,
     pub shutdown: watch::Sender<bool>,
     pub limits: Limits,
+    /// Each client's share of the buffer pool.
+    pub shares: datapath::Shares,
 }
 
 impl Inner {
@@ -285,6 +304,9 @@ impl Inner {
 #[derive(Clone)]
 pub struct NbdServer {
     inner: Arc<Inner>,
+    /// Where connections run. Held here, never by a connection: the cores must not be dropped
+    /// (and joined) from one of their own threads.
+    data: Arc<Mutex<Option<DataPath>>>,
 }
 
 impl Default for NbdServer {
@@ -298,17 +320,94 @@ impl NbdServer {
         Self::with_limits(Limits::default())
     }
 
+    /// A server with these limits; its connections run on one core of its own with a small
+    /// pool, made when the first client connects, unless [`NbdServer::set_data_path`] gives it
+    /// the process's cores and pool first.
     pub fn with_limits(mut limits: Limits) -> Self {
         limits.max_in_flight = limits.max_in_flight.max(1);
-        limits.max_in_flight_bytes = limits.max_in_flight_bytes.max(proto::MAX_PAYLOAD as usize);
         Self {
             inner: Arc::new(Inner {
                 exports: RwLock::new(HashMap::new()),
                 counters: Counters::default(),
                 shutdown: watch::channel(false).0,
                 limits,
+                shares: Default::default(),
             }),
+            data: Default::default(),
         }
+    }
+
+    /// A server whose connections run on `cores`, their payloads in `pool`.
+    pub fn with_data_path(limits: Limits, cores: Arc<Cores>, pool: BufPool) -> Self {
+        let s = Self::with_limits(limits);
+        *s.data.lock().unwrap_or_else(|e| e.into_inner()) = Some(DataPath { cores, pool });
+        s
+    }
+
+    /// Gives the server the cores its connections run on and the pool their payloads use.
+    /// Refused once it has made its own (a client already connected).
+    pub fn set_data_path(&self, cores: Arc<Cores>, pool: BufPool) -> Result<()> {
+        let mut d = self.data.lock().unwrap_or_else(|e| e.into_inner());
+        if d.is_some() {
+            return Err(Error::DataPathSet);
+        }
+        *d = Some(DataPath { cores, pool });
+        Ok(())
+    }
+
+    /// The pool's counters (None before the server has a pool).
+    pub fn pool_usage(&self) -> Option<PoolUsage> {
+        let d = self.data.lock().unwrap_or_else(|e| e.into_inner());
+        d.as_ref().map(|d| d.pool.usage())
+    }
+
+    fn data_path(&self) -> io::Result<DataPath> {
+        let mut d = self.data.lock().unwrap_or_else(|e| e.into_inner());
+        if d.is_none() {
+            *d = Some(DataPath::small()?);
+        }
+        Ok(d.clone().expect("just set"))
+    }
+
+    /// Runs one admitted connection on a core: `open` makes its halves there (registering the
+    /// socket with that core's reactor). Its place in the open count is given back if it
+    /// cannot start.
+    fn spawn_conn<F, R, W>(
+        &self,
+        open: F,
+        peer: Peer,
+        only: Option<Arc<str>>,
+    ) -> Option<CoreTask<()>>
+    where
+        F: FnOnce() -> io::Result<(R, W)> + Send + 'static,
+        R: AsyncRead + Unpin + 'static,
+        W: AsyncWrite + Unpin + 'static,
+    {
+        let inner = self.inner.clone();
+        let dp = match self.data_path() {
+            Ok(d) => d,
+            Err(e) => {
+                warn!("NBD: closing the connection from {peer}: the server has no cores to run it on: {e}");
+                inner
+                    .counters
+                    .connections_open
+                    .fetch_sub(1, Ordering::Relaxed);
+                return None;
+            }
+        };
+        let pool = dp.pool.clone();
+        Some(dp.cores.spawn(move || async move {
+            match open() {
+                Ok((r, w)) => conn::serve(inner, pool, r, w, peer, only).await,
+                Err(e) => {
+                    warn!("NBD: dropping the connection from {peer}: {e}");
+                    inner
+                        .counters
+                        .connections_open
+                        .fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }))
     }
 
     /// Adds an export; new connections can use it at once.
@@ -449,8 +548,23 @@ impl NbdServer {
             }
             // Small replies (flush, write acks) must not wait for Nagle.
             let _ = stream.set_nodelay(true);
-            let (r, w) = stream.into_split();
-            tokio::spawn(conn::serve(self.inner.clone(), r, w, peer, only.clone()));
+            // The socket leaves this reactor and joins its core's.
+            let std = match stream.into_std() {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!("NBD: dropping the connection from {addr}: {e}");
+                    self.inner
+                        .counters
+                        .connections_open
+                        .fetch_sub(1, Ordering::Relaxed);
+                    continue;
+                }
+            };
+            let open = move || {
+                std.set_nonblocking(true)?;
+                Ok(tokio::net::TcpStream::from_std(std)?.into_split())
+            };
+            self.spawn_conn(open, peer, only.clone());
         }
     }
 
@@ -491,30 +605,40 @@ impl NbdServer {
             if !self.admit(&Peer::Unix) {
                 continue;
             }
-            let (r, w) = stream.into_split();
-            tokio::spawn(conn::serve(
-                self.inner.clone(),
-                r,
-                w,
-                Peer::Unix,
-                only.clone(),
-            ));
+            let std = match stream.into_std() {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!("NBD: dropping a unix-socket connection: {e}");
+                    self.inner
+                        .counters
+                        .connections_open
+                        .fetch_sub(1, Ordering::Relaxed);
+                    continue;
+                }
+            };
+            let open = move || {
+                std.set_nonblocking(true)?;
+                Ok(tokio::net::UnixStream::from_std(std)?.into_split())
+            };
+            self.spawn_conn(open, Peer::Unix, only.clone());
         }
     }
 
-    /// Serves one already-connected stream from any transport (used by tests, and by callers
-    /// that accept connections themselves). `tcp_peer` is the client's address for the access
-    /// check, or None for a local (Unix-socket-like) client that may use every export.
+    /// Serves one already-connected stream from any transport (used by tests and the fuzz
+    /// target, and by callers that accept connections themselves) on one of the server's
+    /// cores, and returns when the connection ends. `tcp_peer` is the client's address for the
+    /// access check, or None for a local (Unix-socket-like) client that may use every export.
     pub async fn serve_stream<S>(&self, s: S, tcp_peer: Option<std::net::SocketAddr>)
     where
-        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
+        S: AsyncRead + AsyncWrite + Send + 'static,
     {
         let peer = tcp_peer.map_or(Peer::Unix, Peer::Tcp);
         if !self.admit(&peer) {
             return;
         }
-        let (r, w) = tokio::io::split(s);
-        conn::serve(self.inner.clone(), r, w, peer, None).await
+        if let Some(t) = self.spawn_conn(move || Ok(tokio::io::split(s)), peer, None) {
+            let _ = t.await;
+        }
     }
 
     fn admit(&self, peer: &Peer) -> bool {

@@ -321,15 +321,19 @@ pub fn allowed_flags(kind: u16, structured: bool) -> u16 {
 /// The block sizes we advertise. The device handles any alignment, so the honest minimum is 1;
 /// the preferred size is the device's preferred I/O (a full stripe) rounded up to a power of
 /// two as the protocol requires, kept between 4 KiB and 4 MiB so that clients neither split
-/// requests finely nor build huge ones; the maximum is the protocol's portable 32 MiB.
-pub fn block_sizes(preferred_io: u64, block: u32) -> (u32, u32, u32) {
+/// requests finely nor build huge ones; the maximum is `max`, the largest buffer of the server's
+/// pool (at most the protocol's portable 32 MiB, at least 4 KiB), which the preferred size
+/// never exceeds.
+pub fn block_sizes(preferred_io: u64, block: u32, max: u32) -> (u32, u32, u32) {
+    let max = max.clamp(4096, MAX_PAYLOAD) as u64;
+    let top = max.min(4 << 20);
     let floor = (block.max(512) as u64).next_power_of_two().max(4096);
     let preferred = preferred_io
         .max(1)
         .checked_next_power_of_two()
-        .unwrap_or(4 << 20)
-        .clamp(floor.min(4 << 20), 4 << 20);
-    (1, preferred as u32, MAX_PAYLOAD)
+        .unwrap_or(top)
+        .clamp(floor.min(top), top);
+    (1, preferred as u32, max as u32)
 }
 
 /// The protocol's error value for an I/O error from the device.
@@ -457,13 +461,26 @@ mod tests {
 
     #[test]
     fn block_sizes_are_powers_of_two_within_limits() {
-        assert_eq!(block_sizes(4096, 4096), (1, 4096, 32 << 20));
+        assert_eq!(block_sizes(4096, 4096, MAX_PAYLOAD), (1, 4096, 32 << 20));
         // A RAID6 stripe of 14 x 64 KiB is not a power of two: round up.
-        assert_eq!(block_sizes(14 * 65536, 4096), (1, 1 << 20, 32 << 20));
-        assert_eq!(block_sizes(1 << 30, 4096), (1, 4 << 20, 32 << 20));
-        assert_eq!(block_sizes(0, 512), (1, 4096, 32 << 20));
-        assert_eq!(block_sizes(u64::MAX, 512), (1, 4 << 20, 32 << 20));
-        assert_eq!(block_sizes(512, 16384), (1, 16384, 32 << 20));
+        assert_eq!(
+            block_sizes(14 * 65536, 4096, MAX_PAYLOAD),
+            (1, 1 << 20, 32 << 20)
+        );
+        assert_eq!(
+            block_sizes(1 << 30, 4096, MAX_PAYLOAD),
+            (1, 4 << 20, 32 << 20)
+        );
+        assert_eq!(block_sizes(0, 512, MAX_PAYLOAD), (1, 4096, 32 << 20));
+        assert_eq!(
+            block_sizes(u64::MAX, 512, MAX_PAYLOAD),
+            (1, 4 << 20, 32 << 20)
+        );
+        assert_eq!(block_sizes(512, 16384, MAX_PAYLOAD), (1, 16384, 32 << 20));
+        // A small pool: its largest buffer is the maximum, and caps the preferred size.
+        assert_eq!(block_sizes(1 << 30, 4096, 1 << 20), (1, 1 << 20, 1 << 20));
+        assert_eq!(block_sizes(4096, 4096, 1 << 20), (1, 4096, 1 << 20));
+        assert_eq!(block_sizes(4096, 4096, u32::MAX), (1, 4096, 32 << 20));
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use millrace_block::{BlockDevice, MemBlockDevice};
+use millrace_block::{BlockDevice, BufResult, IoBuf, IoFuture, MemBlockDevice};
 use millrace_nbd::proto::*;
 use millrace_nbd::{Export, NbdServer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -365,6 +365,19 @@ impl BlockDevice for TestDev {
         let r = self.mem.read_at(offset, buf);
         self.leave();
         r
+    }
+    /// The data path's face: a slow read waits without holding the core (as a drive's
+    /// completion would), so other requests overtake it.
+    fn read_async(&self, offset: u64, mut buf: IoBuf) -> IoFuture<'_, BufResult> {
+        Box::pin(async move {
+            self.enter();
+            if self.slow_offsets.lock().unwrap().contains(&offset) {
+                tokio::time::sleep(self.delay).await;
+            }
+            let r = self.mem.read_at(offset, &mut buf);
+            self.leave();
+            (r, buf)
+        })
     }
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         self.enter();
