@@ -31,11 +31,13 @@ start_server() {
   shift
   (cd "$dir" && exec "$bin" serve "$@") >"$tmp/serve.log" 2>&1 &
   server=$!
-  for _ in $(seq 1 100); do
+  # A start after a crash resyncs the pools first: in a debug build on a busy machine that can
+  # take tens of seconds.
+  for _ in $(seq 1 600); do
     [[ -s $MILLRACE_HOME/server.json ]] && break
     kill -0 "$server" 2>/dev/null || { cat "$tmp/serve.log" >&2; exit 1; }
     sleep 0.1
   done
-  [[ -s $MILLRACE_HOME/server.json ]] || { echo "millrace serve did not start in 10 s" >&2; cat "$tmp/serve.log" >&2; exit 1; }
+  [[ -s $MILLRACE_HOME/server.json ]] || { echo "millrace serve did not start in 60 s" >&2; cat "$tmp/serve.log" >&2; exit 1; }
   url=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["url"])' "$MILLRACE_HOME/server.json")
 }
