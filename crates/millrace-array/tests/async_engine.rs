@@ -268,8 +268,10 @@ fn concurrent_partial_writes_filling_stripes_keep_parity_right() {
         let entries: u64 = (0..2)
             .map(|i| cores.ring_stats(i).entries.load(Ordering::Relaxed))
             .sum();
+        // At least one member write per request: writes in flight to one stripe may be merged
+        // into full-stripe writes (no reads), see tests/merge.rs.
         assert!(
-            entries >= 3 * ops.len() as u64,
+            entries >= ops.len() as u64,
             "{level}: partial writes went through the rings ({entries} entries)"
         );
         let mut want = vec![0u8; size];

@@ -7,7 +7,12 @@
 //! path); writes take their rows' locks asynchronously (see `locks`). Full-stripe parity writes
 //! compute parity as the batch is built, from the request's buffer.
 //!
-//! Everything else (a partial-stripe parity write, a degraded pool, an unaligned range, a member
+//! A partial-row parity write joins its row's pending set and is written together with the
+//! other writes in flight to the same row (`merge`); one spanning rows is planned alone (the
+//! cheaper of read-modify-write and reconstruct-write), its reads and then its writes one batch
+//! each.
+//!
+//! Everything else (a degraded pool, an unaligned range, a member
 //! failing mid-request, a thread with no ring) runs the blocking engine inline; on a core the
 //! rows are locked asynchronously first, so a core never blocks on a lock that a task of its
 //! own holds across an await.
@@ -20,6 +25,8 @@ use millrace_block::{BufResult, IoBuf};
 use millrace_io::{Batch, SharedBuf};
 
 use super::layout::ReadFrom;
+use super::parity_write::RingWrite;
+use super::unlogged::Ticket;
 use super::write::sector_span;
 use super::{Array, Result};
 use crate::drive::Drive;
@@ -36,7 +43,7 @@ pub(super) struct Sent {
 
 impl Array {
     /// The drives, when this request can go to this core's ring as it is.
-    fn ring_drives(&self, offset: u64, len: usize) -> Option<Drives> {
+    pub(super) fn ring_drives(&self, offset: u64, len: usize) -> Option<Drives> {
         let aligned = offset.is_multiple_of(SECTOR) && (len as u64).is_multiple_of(SECTOR);
         if !aligned || !millrace_io::on_ring() || !self.all_online() {
             return None;
@@ -163,6 +170,9 @@ impl Array {
         self.stats
             .write_bytes
             .fetch_add(len as u64, Ordering::Relaxed);
+        if self.merges(offset, len) {
+            return self.write_merging(offset, buf, fua).await;
+        }
         let (a0, a1) = sector_span(offset, len);
         let _g = if millrace_io::on_ring() {
             self.locks.lock_async(self.row_shards(a0, a1 - a0)).await
@@ -178,8 +188,17 @@ impl Array {
             .filter(|_| self.geo.level.is_parity() && !whole_rows)
         {
             self.mark_intent(a0, a1);
-            let (r, back) = super::parity_write::write_on_ring(self, d, offset, buf, fua).await;
-            buf = back;
+            let mut one = [RingWrite {
+                offset,
+                buf: SharedBuf::new(buf),
+                fua,
+            }];
+            let r = super::parity_write::write_on_ring(self, d, &mut one).await;
+            let [one] = one;
+            buf = one
+                .buf
+                .try_unwrap()
+                .expect("every member operation has completed");
             match r {
                 Ok(true) => return (Ok(()), buf),
                 Err(e) => return (Err(e.into()), buf),
@@ -189,13 +208,21 @@ impl Array {
         }
         let drives = drives.filter(|_| !self.geo.level.is_parity() || whole_rows);
         let Some(drives) = drives else {
-            let mut r = self.write_locked(offset, &buf);
-            if fua && r.is_ok() {
-                r = self.flush();
-            }
-            return (r.map_err(Into::into), buf);
+            let r = self.write_alone(offset, &buf, fua);
+            return (r, buf);
         };
         self.mark_intent(a0, a1);
+        let ticket = if self.geo.level.is_parity() {
+            self.retire_log();
+            let Some(t) = self.begin_unlogged() else {
+                // A member failed since the check: the blocking engine writes with the log.
+                let r = self.write_alone(offset, &buf, fua);
+                return (r, buf);
+            };
+            Some(t)
+        } else {
+            None
+        };
         let parity = self
             .geo
             .level
@@ -203,7 +230,7 @@ impl Array {
             .then(|| SharedBuf::new(self.full_stripe_parity(&buf)));
         let sb = SharedBuf::new(buf);
         let r = self
-            .write_on_ring(&drives, offset, &sb, parity.as_ref(), fua)
+            .write_on_ring(&drives, offset, &sb, parity.as_ref(), fua, ticket)
             .await;
         (
             r,
@@ -251,14 +278,15 @@ impl Array {
         }
     }
 
-    fn mark_intent(&self, a0: u64, a1: u64) {
+    pub(super) fn mark_intent(&self, a0: u64, a1: u64) {
         if let Some(b) = &self.bitmap {
             let fs = self.geo.full_stripe_bytes();
             b.mark(a0 / fs, (a1 - 1) / fs, &self.live_drives());
         }
     }
 
-    /// Writes every piece to its members (and full-stripe parity), one batch. A member that
+    /// Writes every piece to its members (and full-stripe parity, with the ticket of an
+    /// unlogged parity write), one batch. A member that
     /// fails is taken out of service, as on the blocking path; the write stands while the pool
     /// survives.
     async fn write_on_ring(
@@ -268,6 +296,7 @@ impl Array {
         sb: &SharedBuf,
         parity: Option<&SharedBuf>,
         fua: bool,
+        ticket: Option<Ticket>,
     ) -> io::Result<()> {
         let pieces = self.pieces(offset, sb.len());
         let mut batch = Batch::with_capacity(pieces.len() * 2);
@@ -299,6 +328,8 @@ impl Array {
         }
         self.retire_log();
         let results = batch.run().await;
+        // Given back before a failure among the results is recorded (see `unlogged`).
+        drop(ticket);
         self.account(drives, &sent, results);
         match self.offline_group() {
             Some(e) => Err(e.into()),

@@ -19,6 +19,7 @@ mod discard;
 mod journaled;
 mod layout;
 mod locks;
+mod merge;
 mod mirror;
 mod parity;
 mod parity_write;
@@ -28,6 +29,7 @@ mod read;
 mod rebuild;
 mod scrub;
 mod stripe;
+mod unlogged;
 mod write;
 
 pub use scrub::ScrubReport;
@@ -81,6 +83,9 @@ pub struct Stats {
     pub full_stripe_writes: AtomicU64,
     pub rmw_writes: AtomicU64,
     pub rcw_writes: AtomicU64,
+    /// Requests written as part of another request's plan (writes in flight to one stripe,
+    /// merged: see `merge`).
+    pub merged_writes: AtomicU64,
     pub degraded_writes: AtomicU64,
     pub degraded_reads: AtomicU64,
     pub member_errors: AtomicU64,
@@ -132,6 +137,7 @@ impl Drive for MissingDrive {
 }
 
 type FailureHook = Box<dyn Fn(usize, &io::Error) + Send + Sync>;
+type SharedHook = Arc<dyn Fn(usize, &io::Error) + Send + Sync>;
 
 pub struct Array {
     geo: Geometry,
@@ -146,7 +152,11 @@ pub struct Array {
     /// Rows below this are valid on a member being rebuilt (per member).
     rebuilt_rows: Vec<AtomicU64>,
     locks: locks::RowLocks,
-    on_failure: RwLock<Option<FailureHook>>,
+    /// Partial-row writes waiting to be merged (`merge`).
+    merge: merge::Pending,
+    on_failure: RwLock<Option<SharedHook>>,
+    /// Parity writes in flight without the log (`unlogged`).
+    unlogged: Arc<unlogged::Unlogged>,
     /// The write-intent bitmap, where the metadata area has room for one.
     bitmap: Option<crate::bitmap::Bitmap>,
     /// The partial-parity log of degraded writes (`ppl_log`).
@@ -218,7 +228,9 @@ impl Array {
                 .collect(),
             rebuilt_rows: (0..geo.members).map(|_| AtomicU64::new(0)).collect(),
             locks: locks::RowLocks::new(),
+            merge: merge::Pending::default(),
             on_failure: RwLock::new(None),
+            unlogged: Arc::default(),
             bitmap: crate::bitmap::region_rows(geo.rows(), geo.strip, data_offset)
                 .filter(|_| geo.tolerance_per_group() > 0)
                 .map(|rr| crate::bitmap::Bitmap::new(geo.rows(), rr)),
@@ -333,7 +345,7 @@ impl Array {
 
     /// Called (from the I/O path) whenever a member is marked faulty, so the pool can record it.
     pub fn set_failure_hook(&self, hook: FailureHook) {
-        *self.on_failure.write() = Some(hook);
+        *self.on_failure.write() = Some(Arc::from(hook));
     }
 
     /// Takes a member out of service. Returns false if it was not in service.
@@ -357,9 +369,7 @@ impl Array {
             "member {m} ({}) marked faulty: {why}",
             self.drives.load()[m].describe()
         );
-        if let Some(h) = self.on_failure.read().as_ref() {
-            h(m, why);
-        }
+        self.record_failure(m, why);
         true
     }
 
@@ -501,8 +511,15 @@ impl Array {
 
     /// Runs a batch; marks the members whose I/O failed as faulty. Returns whether all succeeded.
     fn run(&self, ops: &mut [Op]) -> bool {
+        self.run_unlogged(ops, None)
+    }
+
+    /// `run` for an unlogged parity write: its ticket is given back once the member I/O has
+    /// completed, before a failure it met is recorded (which waits for every ticket).
+    fn run_unlogged(&self, ops: &mut [Op], ticket: Option<unlogged::Ticket>) -> bool {
         let drives = self.drives.load_full();
         let results = execute(&drives, ops);
+        drop(ticket);
         let mut ok = true;
         for (op, r) in ops.iter().zip(results) {
             let ms = &self.member_stats[op.member];

@@ -13,7 +13,12 @@ use crate::ppl::{LogEntry, LogWrite};
 use millrace_io::{Batch, IoBuf, SharedBuf};
 
 use super::completion::{Drives, Sent};
+use super::unlogged::Ticket;
 use crate::io::Op;
+
+/// The data of the requests one plan writes: one buffer per request (several when writes in
+/// flight to one stripe are merged, see `merge`).
+pub(super) type Srcs<'a> = &'a [&'a [u8]];
 
 /// One data strip's part of a write.
 struct StripWrite {
@@ -21,14 +26,16 @@ struct StripWrite {
     index: usize,
     /// Offset inside the strip.
     at: u64,
-    /// Offset inside the request's data.
+    /// Which request's data (index into the plan's `Srcs`).
+    src: usize,
+    /// Offset inside that request's data.
     from: usize,
     len: usize,
 }
 
 impl StripWrite {
-    fn data<'a>(&self, data: &'a [u8]) -> &'a [u8] {
-        &data[self.from..self.from + self.len]
+    fn data<'a>(&self, data: Srcs<'a>) -> &'a [u8] {
+        &data[self.src][self.from..self.from + self.len]
     }
 }
 
@@ -75,8 +82,9 @@ impl Unit {
 
 /// One attempt at a parity write. Ok(false): a read failed, members were marked faulty.
 pub(super) fn write(a: &Array, pieces: &[Piece], data: &[u8]) -> Result<bool> {
+    let data: Srcs = &[data];
     let planned = a.out_of_service();
-    let mut units = units(a, pieces);
+    let mut units = units(a, pieces.iter().map(|p| (0, p)));
     for u in units.iter_mut() {
         plan(a, u)?;
         u.log = log_parities(a, u, &planned);
@@ -94,15 +102,22 @@ pub(super) fn write(a: &Array, pieces: &[Piece], data: &[u8]) -> Result<bool> {
     }
 }
 
-fn units(a: &Array, pieces: &[Piece]) -> Vec<Unit> {
+/// The units of these pieces, each tagged with the request (source) it belongs to.
+fn units<'p>(a: &Array, pieces: impl Iterator<Item = (usize, &'p Piece)>) -> Vec<Unit> {
     let geo = &a.geo;
     let mut units: Vec<Unit> = Vec::new();
-    for p in pieces {
+    for (src, p) in pieces {
         let loc = geo.locate(p.row, p.col);
-        let same = units
-            .last()
-            .is_some_and(|u| u.row == p.row && u.group == loc.group);
-        if !same {
+        let same = |u: &Unit| u.row == p.row && u.group == loc.group;
+        // One request's pieces come in row and group order: only the last unit can be theirs.
+        // A later request of a merged set may add to any unit.
+        let at = match units.last() {
+            Some(u) if same(u) => Some(units.len() - 1),
+            _ if src > 0 => units.iter().position(same),
+            _ => None,
+        };
+        let ui = at.unwrap_or(units.len());
+        if at.is_none() {
             units.push(Unit {
                 row: p.row,
                 group: loc.group,
@@ -118,10 +133,11 @@ fn units(a: &Array, pieces: &[Piece]) -> Vec<Unit> {
                 partials: Vec::new(),
             });
         }
-        let u = units.last_mut().unwrap();
+        let u = &mut units[ui];
         u.writes.push(StripWrite {
             index: loc.index,
             at: p.s,
+            src,
             from: p.at,
             len: p.len,
         });
@@ -246,7 +262,7 @@ fn read_phase(a: &Array, units: &mut [Unit]) -> bool {
     a.run(&mut ops)
 }
 
-fn compute(a: &Array, units: &mut [Unit], data: &[u8]) {
+fn compute(a: &Array, units: &mut [Unit], data: Srcs) {
     let np = a.geo.level.parity();
     for u in units.iter_mut() {
         match u.plan {
@@ -294,7 +310,7 @@ fn partial_rcw(u: &Unit, j: usize, k: usize) -> Vec<u8> {
     pp
 }
 
-fn compute_full(u: &mut Unit, data: &[u8], np: usize) {
+fn compute_full(u: &mut Unit, data: Srcs, np: usize) {
     let k = u.layout.len() - np;
     let mut srcs: Vec<&[u8]> = vec![&[]; k];
     for w in &u.writes {
@@ -303,7 +319,7 @@ fn compute_full(u: &mut Unit, data: &[u8], np: usize) {
     gen_parity(&srcs, &mut u.span[k..], np);
 }
 
-fn compute_rmw(u: &mut Unit, data: &[u8], np: usize) {
+fn compute_rmw(u: &mut Unit, data: Srcs, np: usize) {
     let k = u.layout.len() - np;
     let (_, par) = u.span.split_at_mut(k);
     for (w, old) in u.writes.iter().zip(u.old.iter_mut()) {
@@ -326,7 +342,7 @@ fn compute_rmw(u: &mut Unit, data: &[u8], np: usize) {
 
 /// Reconstruct-write (and a degraded rebuild-write): the span's data, old where not written,
 /// new where written, gives the new parity.
-fn compute_rcw(u: &mut Unit, data: &[u8], np: usize) {
+fn compute_rcw(u: &mut Unit, data: Srcs, np: usize) {
     let k = u.layout.len() - np;
     let span = u.span_len();
     if matches!(u.plan, Plan::Rebuild) {
@@ -351,7 +367,7 @@ fn compute_rcw(u: &mut Unit, data: &[u8], np: usize) {
             Some(b) => srcs.push(&b[..]),
             None => {
                 let w = u.writes.iter().find(|w| w.index == i).unwrap();
-                srcs.push(&data[w.from..w.from + span]);
+                srcs.push(&data[w.src][w.from..w.from + span]);
             }
         }
     }
@@ -360,7 +376,7 @@ fn compute_rcw(u: &mut Unit, data: &[u8], np: usize) {
 
 /// Writes every unit's new data and parity, as one batch (after their partial parity is logged
 /// while the pool is degraded). Ok(false): the members out of service changed; plan again.
-fn write_phase(a: &Array, units: &[Unit], data: &[u8], planned: &[usize]) -> Result<bool> {
+fn write_phase(a: &Array, units: &[Unit], data: Srcs, planned: &[usize]) -> Result<bool> {
     let k = a.geo.group_data();
     let mut ops: Vec<Op> = Vec::new();
     for u in units {
@@ -384,7 +400,11 @@ fn write_phase(a: &Array, units: &[Unit], data: &[u8], planned: &[usize]) -> Res
         a.logged_write(planned, &stripes, records, &mut ops)
     } else {
         a.retire_log();
-        a.run(&mut ops);
+        let Some(ticket) = a.begin_unlogged() else {
+            // A member failed since the check above: plan again, with the log.
+            return Ok(false);
+        };
+        a.run_unlogged(&mut ops, Some(ticket));
         Ok(true)
     }
 }
@@ -392,7 +412,7 @@ fn write_phase(a: &Array, units: &[Unit], data: &[u8], planned: &[usize]) -> Res
 /// The units' log entries, per holder member, and the stripes they cover.
 type Records = (Vec<(u64, usize)>, Vec<(usize, Vec<LogEntry>)>);
 
-fn log_records(a: &Array, units: &[Unit], data: &[u8], out: &[usize]) -> Records {
+fn log_records(a: &Array, units: &[Unit], data: Srcs, out: &[usize]) -> Records {
     let k = a.geo.group_data();
     let mut stripes = Vec::new();
     let mut records: Vec<(usize, Vec<LogEntry>)> = Vec::new();
@@ -476,26 +496,39 @@ fn planned_reads(a: &Array, ui: usize, u: &Unit) -> Vec<(usize, u64, Slot)> {
     v
 }
 
-/// A parity write on this core's ring: the plan's reads as one batch, parity computed when they
-/// complete, then data and parity as one batch, straight from the request's buffer. Only for a
-/// pool with every member online (no log). Ok(false): a member failed; plan again.
+/// One request of a parity write on the ring: its place, its data and whether it is FUA.
+pub(super) struct RingWrite {
+    pub offset: u64,
+    /// Only this handle exists outside the batches of `write_on_ring`.
+    pub buf: SharedBuf,
+    pub fua: bool,
+}
+
+/// A parity write of one or more requests (writes in flight to one stripe, merged, see
+/// `merge`) on this core's ring: one plan over all their pieces, its reads as one batch, parity
+/// computed when they complete, then data and parity as one batch, straight from the requests'
+/// buffers. The requests never overlap. Only for a pool with every member online (no log).
+/// Ok(false): a member failed; plan again.
 pub(super) async fn write_on_ring(
     a: &Array,
     drives: &Drives,
-    offset: u64,
-    data: IoBuf,
-    fua: bool,
-) -> (Result<bool>, IoBuf) {
-    let pieces = a.pieces(offset, data.len());
-    let mut units = units(a, &pieces);
+    reqs: &mut [RingWrite],
+) -> Result<bool> {
+    let pieces: Vec<Vec<Piece>> = reqs
+        .iter()
+        .map(|r| a.pieces(r.offset, r.buf.len()))
+        .collect();
+    let tagged = pieces
+        .iter()
+        .enumerate()
+        .flat_map(|(i, ps)| ps.iter().map(move |p| (i, p)));
+    let mut units = units(a, tagged);
     for u in units.iter_mut() {
-        if let Err(e) = plan(a, u) {
-            return (Err(e), data);
-        }
+        plan(a, u)?;
         if matches!(u.plan, Plan::Rebuild) {
             // A member left service since the request was placed: the blocking engine (and its
             // log) handles degraded writes.
-            return (Ok(false), data);
+            return Ok(false);
         }
     }
     let reads: Vec<(usize, u64, Slot)> = units
@@ -504,10 +537,18 @@ pub(super) async fn write_on_ring(
         .flat_map(|(ui, u)| planned_reads(a, ui, u))
         .collect();
     if !ring_batch(a, drives, &mut units, reads, None, false).await {
-        return (Ok(false), data);
+        return Ok(false);
     }
-    compute(a, &mut units, &data);
+    {
+        let views: Vec<&[u8]> = reqs
+            .iter_mut()
+            .map(|r| &r.buf.get_mut().expect("no operation holds the data")[..])
+            .collect();
+        compute(a, &mut units, &views);
+    }
     let k = a.geo.group_data();
+    // Parity covers every request's data: durable at once if any of them asked for it.
+    let parity_fua = reqs.iter().any(|r| r.fua);
     let mut writes = Vec::new();
     for (ui, u) in units.iter().enumerate() {
         let at = a.member_offset(u.row, u.lo);
@@ -515,20 +556,16 @@ pub(super) async fn write_on_ring(
             writes.push((u.layout[i], at, Slot::Span(ui, i)));
         }
     }
-    let data = SharedBuf::new(data);
-    let mut extra = Batch::with_capacity(pieces.len());
-    let mut sent = Vec::with_capacity(pieces.len());
+    let n: usize = pieces.iter().map(Vec::len).sum();
+    let mut extra = Batch::with_capacity(n + writes.len());
+    let mut sent = Vec::with_capacity(n + writes.len());
     for u in &units {
         for w in &u.writes {
             let m = u.layout[w.index];
             let off = a.member_offset(u.row, w.at);
-            extra.write(
-                a.ring_fd(drives, m),
-                off,
-                &data,
-                w.from..w.from + w.len,
-                fua,
-            );
+            let range = w.from..w.from + w.len;
+            let r = &reqs[w.src];
+            extra.write(a.ring_fd(drives, m), off, &r.buf, range, r.fua);
             sent.push(Sent {
                 member: m,
                 len: w.len,
@@ -537,31 +574,34 @@ pub(super) async fn write_on_ring(
         }
     }
     a.retire_log();
+    let Some(ticket) = a.begin_unlogged() else {
+        // A member failed since planning: the blocking engine writes with the log.
+        return Ok(false);
+    };
     // A member whose write fails leaves service; the write stands while the pool survives.
-    ring_batch(a, drives, &mut units, writes, Some((extra, sent)), fua).await;
-    let data = data
-        .try_unwrap()
-        .expect("every member operation has completed");
-    let r = match a.offline_group() {
+    let extra = Some((extra, sent, ticket));
+    ring_batch(a, drives, &mut units, writes, extra, parity_fua).await;
+    match a.offline_group() {
         Some(e) => Err(e),
         None => Ok(true),
-    };
-    (r, data)
+    }
 }
 
 /// Runs member operations on the slots' buffers (reads, or writes with `fua`) together with
-/// `extra`, as one batch; the buffers go back to their slots. Returns whether all succeeded.
+/// `extra` (the data writes of an unlogged write, and its ticket), as one batch; the buffers go back to their slots. Returns whether all succeeded.
 async fn ring_batch(
     a: &Array,
     drives: &Drives,
     units: &mut [Unit],
     ops: Vec<(usize, u64, Slot)>,
-    extra: Option<(Batch, Vec<Sent>)>,
+    extra: Option<(Batch, Vec<Sent>, Ticket)>,
     write_fua: bool,
 ) -> bool {
     let write = extra.is_some();
-    let (mut batch, mut sent) =
-        extra.unwrap_or_else(|| (Batch::with_capacity(ops.len()), Vec::new()));
+    let (mut batch, mut sent, ticket) = match extra {
+        Some((b, s, t)) => (b, s, Some(t)),
+        None => (Batch::with_capacity(ops.len()), Vec::new(), None),
+    };
     let mut lent = Vec::with_capacity(ops.len());
     for (m, off, slot) in ops {
         let b = SharedBuf::new(
@@ -583,6 +623,8 @@ async fn ring_batch(
         lent.push((slot, b));
     }
     let results = batch.run().await;
+    // Given back before a failure among the results is recorded (it waits for every ticket).
+    drop(ticket);
     for (slot, b) in lent {
         *slot.of(units) = Some(
             b.try_unwrap()
