@@ -1,0 +1,90 @@
+//! The rebuild adapts its batch to client load (issue #21): it grows to its largest while the
+//! pool is idle, shrinks to its smallest while clients work (so their requests wait less behind
+//! the rebuild's row locks), and grows back once they stop. The load is a client read made
+//! between batches (in the progress callback), so the schedule is exact, not timed; each
+//! batch's size is what the reported rows advance by.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use millrace_array::drive::Drive;
+use millrace_array::fault::FaultyDrive;
+use millrace_array::{CreateOptions, Level, Pool};
+
+const STRIP: u64 = 64 << 10;
+const ROWS: u64 = 512;
+const DATA_OFFSET: u64 = 1 << 20;
+
+#[test]
+fn rebuild_batch_shrinks_under_client_load_and_grows_back_when_idle() {
+    let n = 4;
+    let names: Vec<PathBuf> = (0..n).map(|i| PathBuf::from(format!("d{i}"))).collect();
+    let size = DATA_OFFSET + STRIP * ROWS;
+    let drives: Vec<Arc<dyn Drive>> = names
+        .iter()
+        .map(|p| Arc::new(FaultyDrive::new(p.display().to_string(), size)) as Arc<dyn Drive>)
+        .collect();
+    let opts = CreateOptions {
+        name: "b".into(),
+        level: Level::Raid5,
+        strip: STRIP,
+        group: None,
+        data_offset: Some(DATA_OFFSET),
+        create_size: None,
+        force: false,
+    };
+    let pool = Pool::create_on(&opts, &names, drives, true).unwrap();
+    let model: Vec<u8> = (0..pool.array().size_bytes())
+        .map(|i| (i * 7 % 251) as u8)
+        .collect();
+    pool.write_at(0, &model).unwrap();
+    pool.array().fail_member(2, &std::io::Error::other("test"));
+    let fresh = Arc::new(FaultyDrive::new("n2", size));
+    pool.replace_with(&names[2], &PathBuf::from("n2"), fresh)
+        .unwrap();
+    let (min, first, max) = pool.array().rebuild_batch_bounds();
+    assert!(min < first && first < max, "bounds {min} {first} {max}");
+
+    // Callbacks 0..4 idle, 4..10 with a client read each, then idle to the end.
+    let mut rows_at = vec![0u64];
+    let mut buf = vec![0u8; 4096];
+    let mut calls = 0;
+    assert!(pool
+        .rebuild(None, |row, _| {
+            rows_at.push(row);
+            if (4..10).contains(&calls) {
+                pool.read_at(row * 4096 % (ROWS * 4096), &mut buf).unwrap();
+            }
+            calls += 1;
+        })
+        .unwrap());
+    let sizes: Vec<u64> = rows_at.windows(2).map(|w| w[1] - w[0]).collect();
+    // Batch i + 2 has the size chosen after batch i (the next one is read ahead already).
+    let before = &sizes[..6];
+    let loaded = &sizes[6..12];
+    let after = &sizes[12..sizes.len() - 1];
+    assert_eq!(
+        before.iter().max(),
+        Some(&max),
+        "idle: grows to the largest batch ({sizes:?})"
+    );
+    assert!(
+        loaded.windows(2).all(|w| w[1] <= w[0]),
+        "under load: never grows ({sizes:?})"
+    );
+    assert_eq!(
+        loaded.last(),
+        Some(&min),
+        "under load: shrinks to the smallest batch ({sizes:?})"
+    );
+    assert_eq!(
+        after.iter().max(),
+        Some(&max),
+        "idle again: grows back to the largest ({sizes:?})"
+    );
+    let mut got = vec![0u8; model.len()];
+    pool.read_at(0, &mut got).unwrap();
+    assert!(got == model, "data differs after the rebuild");
+    let rep = pool.scrub(false, |_, _| {}).unwrap();
+    assert_eq!(rep.mismatches, 0, "{rep:?}");
+}
