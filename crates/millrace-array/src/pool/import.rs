@@ -37,154 +37,87 @@ impl Pool {
         drives: Vec<(PathBuf, Arc<dyn Drive>)>,
         force: bool,
     ) -> Result<(Vec<Pool>, Vec<String>)> {
-        let mut notes = Vec::new();
-        let mut found: BTreeMap<Uuid, Vec<Found>> = BTreeMap::new();
-        for (p, d) in drives {
-            match read_superblock(d.as_ref()) {
-                Ok(Ok(sb)) => found
-                    .entry(sb.pool_uuid)
-                    .or_default()
-                    .push((p.clone(), d, sb)),
-                Ok(Err(SbError::NotMillrace)) => {
-                    notes.push(format!("skipped {}: no Millrace superblock", p.display()))
-                }
-                Ok(Err(e)) => notes.push(format!(
-                    "ignored {}: it carries {e}; it is not used, and nothing was guessed from it",
-                    p.display()
-                )),
-                Err(e) => notes.push(format!("skipped {}: cannot read it: {e}", p.display())),
-            }
-        }
+        let (found, notes) = read_found(drives);
         let mut pools = Vec::new();
-        for (_, members) in found {
-            let newest = members.iter().map(|m| m.2.events).max().unwrap();
-            let sb = members
-                .iter()
-                .find(|m| m.2.events == newest)
-                .unwrap()
-                .2
-                .clone();
-            let mut drives: Vec<Arc<dyn Drive>> = Vec::new();
-            let mut mpaths = Vec::new();
-            let mut table = sb.table.clone();
-            let mut pnotes = Vec::new();
-            let mut spares = Vec::new();
-            let mut lost_spares = Vec::new();
-            for (i, (uuid, _)) in sb.table.iter().enumerate().skip(sb.members) {
-                match members
-                    .iter()
-                    .find(|m| m.2.member_uuid == *uuid && m.2.events == newest)
-                {
-                    Some((p, d, _)) => spares.push((d.clone(), p.clone())),
-                    None => {
-                        pnotes.push(format!(
-                            "hot spare {i} of pool '{}' was not found; it is dropped",
-                            sb.name
-                        ));
-                        lost_spares.push(i);
-                    }
-                }
-            }
-            for i in lost_spares.into_iter().rev() {
-                table.remove(i);
-            }
-            for (i, (uuid, state)) in sb.table.iter().enumerate().take(sb.members) {
-                let hit = members.iter().find(|m| m.2.member_uuid == *uuid);
-                match hit {
-                    // A crash can cut one commit short (superblocks are written member by
-                    // member): a member one event behind that the newest table still lists as
-                    // in service missed only that commit, and is current. One marked faulty
-                    // there, or further behind, is stale.
-                    Some((p, d, msb))
-                        if msb.events == newest
-                            || (msb.events + 1 == newest
-                                && matches!(
-                                    state,
-                                    MemberState::Online | MemberState::Rebuilding
-                                )) =>
-                    {
-                        drives.push(d.clone());
-                        mpaths.push(Some(p.clone()));
-                    }
-                    Some((p, _, msb)) => {
-                        pnotes.push(format!(
-                            "{} is stale (event {} < {newest}): it missed updates while it was away, so it is not trusted; rebuild onto it to bring it back",
-                            p.display(),
-                            msb.events
-                        ));
-                        if matches!(state, MemberState::Online | MemberState::Rebuilding) {
-                            table[i].1 = MemberState::Faulty;
-                        }
-                        drives.push(Arc::new(MissingDrive(p.display().to_string())));
-                        mpaths.push(Some(p.clone()));
-                    }
-                    None => {
-                        if matches!(state, MemberState::Online | MemberState::Rebuilding) {
-                            pnotes.push(format!(
-                                "member {i} of pool '{}' was not found among the drives given; it counts as missing",
-                                sb.name
-                            ));
-                            table[i].1 = MemberState::Missing;
-                        }
-                        drives.push(Arc::new(MissingDrive(format!("member {i} (missing)"))));
-                        mpaths.push(None);
-                    }
-                }
-            }
-            let mut sb = sb;
-            let changed = table != sb.table;
-            let in_service =
-                |s: MemberState| matches!(s, MemberState::Online | MemberState::Rebuilding);
-            let lost_at_crash: Vec<usize> = (0..sb.members)
-                .filter(|&i| !sb.clean && in_service(sb.table[i].1) && !in_service(table[i].1))
-                .collect();
-            sb.table = table;
-            let name = sb.name.clone();
-            // Read before any commit below rewrites the superblocks as the current version.
-            let format = sb.format;
-            let pool = Pool::assemble_from(sb, drives, mpaths, spares, pnotes);
-            if !lost_at_crash.is_empty() && pool.array.geometry().level.is_parity() && !force {
-                // A crash left stripes half written, and a member that was in service then is
-                // gone now: its data in those stripes would be rebuilt from parity that may not
-                // match. Linux md refuses such an array too; nothing has been written yet.
-                let rows: u64 = pool
-                    .array
-                    .dirty_rows()
-                    .iter()
-                    .map(|r| r.end - r.start)
-                    .sum();
-                if rows > 0 {
-                    let who: Vec<String> = lost_at_crash
-                        .iter()
-                        .map(|&i| match &pool.member_paths()[i] {
-                            Some(p) => p.display().to_string(),
-                            None => format!("member {i}"),
-                        })
-                        .collect();
-                    return err(format!(
-                        "pool '{name}' was not shut down cleanly, and {} was in service then but is missing or stale now: {rows} rows being written at the crash cannot be rebuilt reliably without it. Bring the drive back and import again, or import with --force to assemble the pool anyway (data of the missing drive in those rows may come back damaged)",
-                        who.join(", ")
-                    ));
-                }
-            }
-            if changed {
-                let mut sb = pool.meta.sb.lock().clone();
-                pool.meta
-                    .commit(&mut sb)
-                    .map_err(|e| PoolError(format!("cannot record the members' states: {e}")))?;
-                *pool.meta.sb.lock() = sb;
-            }
-            if !pool.superblock().clean {
-                pool.recover_after_crash(format)?;
-            } else if pool.array.geometry().level.is_parity() && pool.discard_log(format) {
-                tracing::warn!(
-                    "pool '{}': retired a log record that a clean stop had left behind",
-                    pool.name()
-                );
-            }
-            pools.push(pool);
+        for members in found.values() {
+            pools.push(Self::assemble_found(members, force)?);
         }
         Ok((pools, notes))
+    }
+
+    /// Assembles one pool from the drives carrying its superblocks: refuses where a crash and
+    /// a lost member together leave rows that cannot be rebuilt reliably (unless `force`),
+    /// records changed member states, and recovers from an unclean shutdown.
+    fn assemble_found(members: &[Found], force: bool) -> Result<Pool> {
+        let newest = members.iter().map(|m| m.2.events).max().unwrap();
+        let mut sb = members
+            .iter()
+            .find(|m| m.2.events == newest)
+            .unwrap()
+            .2
+            .clone();
+        let m = match_members(&sb, members, newest);
+        let changed = m.table != sb.table;
+        let in_service =
+            |s: MemberState| matches!(s, MemberState::Online | MemberState::Rebuilding);
+        let lost_at_crash: Vec<usize> = (0..sb.members)
+            .filter(|&i| !sb.clean && in_service(sb.table[i].1) && !in_service(m.table[i].1))
+            .collect();
+        sb.table = m.table;
+        let name = sb.name.clone();
+        // Read before any commit below rewrites the superblocks as the current version.
+        let format = sb.format;
+        let pool = Pool::assemble_from(sb, m.drives, m.paths, m.spares, m.notes);
+        if !force {
+            pool.refuse_lost_at_crash(&lost_at_crash, &name)?;
+        }
+        if changed {
+            let mut sb = pool.meta.sb.lock().clone();
+            pool.meta
+                .commit(&mut sb)
+                .map_err(|e| PoolError(format!("cannot record the members' states: {e}")))?;
+            *pool.meta.sb.lock() = sb;
+        }
+        if !pool.superblock().clean {
+            pool.recover_after_crash(format)?;
+        } else if pool.array.geometry().level.is_parity() && pool.discard_log(format) {
+            tracing::warn!(
+                "pool '{}': retired a log record that a clean stop had left behind",
+                pool.name()
+            );
+        }
+        Ok(pool)
+    }
+
+    /// Refuses a pool where members in service at a crash are gone and the crash left rows
+    /// being written.
+    fn refuse_lost_at_crash(&self, lost_at_crash: &[usize], name: &str) -> Result<()> {
+        if lost_at_crash.is_empty() || !self.array.geometry().level.is_parity() {
+            return Ok(());
+        }
+        // A crash left stripes half written, and a member that was in service then is
+        // gone now: its data in those stripes would be rebuilt from parity that may not
+        // match. Linux md refuses such an array too; nothing has been written yet.
+        let rows: u64 = self
+            .array
+            .dirty_rows()
+            .iter()
+            .map(|r| r.end - r.start)
+            .sum();
+        if rows == 0 {
+            return Ok(());
+        }
+        let who: Vec<String> = lost_at_crash
+            .iter()
+            .map(|&i| match &self.member_paths()[i] {
+                Some(p) => p.display().to_string(),
+                None => format!("member {i}"),
+            })
+            .collect();
+        err(format!(
+            "pool '{name}' was not shut down cleanly, and {} was in service then but is missing or stale now: {rows} rows being written at the crash cannot be rebuilt reliably without it. Bring the drive back and import again, or import with --force to assemble the pool anyway (data of the missing drive in those rows may come back damaged)",
+            who.join(", ")
+        ))
     }
 
     /// Makes redundancy consistent again after an unclean shutdown, in the rows the bitmap
@@ -242,5 +175,113 @@ impl Pool {
         } else {
             self.array.discard_log()
         }
+    }
+}
+
+/// Reads every drive's superblock and groups the drives by pool; notes what was skipped.
+fn read_found(drives: Vec<(PathBuf, Arc<dyn Drive>)>) -> (BTreeMap<Uuid, Vec<Found>>, Vec<String>) {
+    let mut notes = Vec::new();
+    let mut found: BTreeMap<Uuid, Vec<Found>> = BTreeMap::new();
+    for (p, d) in drives {
+        match read_superblock(d.as_ref()) {
+            Ok(Ok(sb)) => found
+                .entry(sb.pool_uuid)
+                .or_default()
+                .push((p.clone(), d, sb)),
+            Ok(Err(SbError::NotMillrace)) => {
+                notes.push(format!("skipped {}: no Millrace superblock", p.display()))
+            }
+            Ok(Err(e)) => notes.push(format!(
+                "ignored {}: it carries {e}; it is not used, and nothing was guessed from it",
+                p.display()
+            )),
+            Err(e) => notes.push(format!("skipped {}: cannot read it: {e}", p.display())),
+        }
+    }
+    (found, notes)
+}
+
+/// A pool's members as found: the drive (or a stand-in) and path per slot, the member table
+/// with what is stale or missing marked, the spares found, and notes for the admin.
+struct Matched {
+    drives: Vec<Arc<dyn Drive>>,
+    paths: Vec<Option<PathBuf>>,
+    table: Vec<(Uuid, MemberState)>,
+    spares: Vec<(Arc<dyn Drive>, PathBuf)>,
+    notes: Vec<String>,
+}
+
+/// Matches the newest superblock's table against the drives found.
+fn match_members(sb: &Superblock, members: &[Found], newest: u64) -> Matched {
+    let mut drives: Vec<Arc<dyn Drive>> = Vec::new();
+    let mut mpaths = Vec::new();
+    let mut table = sb.table.clone();
+    let mut pnotes = Vec::new();
+    let mut spares = Vec::new();
+    let mut lost_spares = Vec::new();
+    for (i, (uuid, _)) in sb.table.iter().enumerate().skip(sb.members) {
+        match members
+            .iter()
+            .find(|m| m.2.member_uuid == *uuid && m.2.events == newest)
+        {
+            Some((p, d, _)) => spares.push((d.clone(), p.clone())),
+            None => {
+                pnotes.push(format!(
+                    "hot spare {i} of pool '{}' was not found; it is dropped",
+                    sb.name
+                ));
+                lost_spares.push(i);
+            }
+        }
+    }
+    for i in lost_spares.into_iter().rev() {
+        table.remove(i);
+    }
+    for (i, (uuid, state)) in sb.table.iter().enumerate().take(sb.members) {
+        let hit = members.iter().find(|m| m.2.member_uuid == *uuid);
+        match hit {
+            // A crash can cut one commit short (superblocks are written member by
+            // member): a member one event behind that the newest table still lists as
+            // in service missed only that commit, and is current. One marked faulty
+            // there, or further behind, is stale.
+            Some((p, d, msb))
+                if msb.events == newest
+                    || (msb.events + 1 == newest
+                        && matches!(state, MemberState::Online | MemberState::Rebuilding)) =>
+            {
+                drives.push(d.clone());
+                mpaths.push(Some(p.clone()));
+            }
+            Some((p, _, msb)) => {
+                pnotes.push(format!(
+                    "{} is stale (event {} < {newest}): it missed updates while it was away, so it is not trusted; rebuild onto it to bring it back",
+                    p.display(),
+                    msb.events
+                ));
+                if matches!(state, MemberState::Online | MemberState::Rebuilding) {
+                    table[i].1 = MemberState::Faulty;
+                }
+                drives.push(Arc::new(MissingDrive(p.display().to_string())));
+                mpaths.push(Some(p.clone()));
+            }
+            None => {
+                if matches!(state, MemberState::Online | MemberState::Rebuilding) {
+                    pnotes.push(format!(
+                        "member {i} of pool '{}' was not found among the drives given; it counts as missing",
+                        sb.name
+                    ));
+                    table[i].1 = MemberState::Missing;
+                }
+                drives.push(Arc::new(MissingDrive(format!("member {i} (missing)"))));
+                mpaths.push(None);
+            }
+        }
+    }
+    Matched {
+        drives,
+        paths: mpaths,
+        table,
+        spares,
+        notes: pnotes,
     }
 }
