@@ -245,3 +245,67 @@ fn overlapping_writes_in_flight_are_not_merged() {
     );
     check_parity(&rig, "raid6");
 }
+
+/// A member fails on a core while merged writes are in flight there: the core does not wait
+/// (the failure is recorded from a thread once the unlogged writes in flight have completed,
+/// see engine/unlogged.rs), every write completes, the failure is recorded once, and the pool
+/// reads back every write, degraded.
+#[test]
+fn a_member_failing_on_a_core_amid_merged_writes() {
+    let rig = file_rig(Level::Raid6, 6, None, 64 << 10, 16);
+    let (cores, pool) = cores(1);
+    let recorded = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let r2 = recorded.clone();
+    rig.array.set_failure_hook(Box::new(move |m, _| {
+        assert_eq!(m, 2);
+        r2.fetch_add(1, Ordering::SeqCst);
+    }));
+    let fs = rig.array.geometry().full_stripe_bytes();
+    let half = (fs / 2) as usize;
+    let w: Vec<(u64, u64)> = (0..rig.rows as u64 * 2)
+        .map(|i| (i * half as u64, i + 1))
+        .collect();
+    let (a, p, ws) = (rig.array.clone(), pool.clone(), w.clone());
+    cores
+        .spawn_on(0, move || async move {
+            let mut hs = Vec::new();
+            for (i, (off, seed)) in ws.into_iter().enumerate() {
+                if i == 11 {
+                    let a = a.clone();
+                    hs.push(tokio::task::spawn_local(async move {
+                        assert!(a.fail_member(2, &std::io::Error::other("test")));
+                    }));
+                }
+                let mut b = p.get(half).await.unwrap();
+                b.copy_from_slice(&pattern(seed, half));
+                let a = a.clone();
+                hs.push(tokio::task::spawn_local(async move {
+                    let (r, _) = a.write_async(off, b, false).await;
+                    r.unwrap();
+                }));
+            }
+            for h in hs {
+                h.await.unwrap();
+            }
+        })
+        .wait()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while recorded.load(Ordering::SeqCst) == 0 && t0.elapsed().as_secs() < 20 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(
+        recorded.load(Ordering::SeqCst),
+        1,
+        "the failure is recorded once"
+    );
+    drop(cores);
+    let mut want = vec![0u8; w.len() * half];
+    for (off, seed) in &w {
+        want[*off as usize..*off as usize + half].copy_from_slice(&pattern(*seed, half));
+    }
+    let mut got = vec![0u8; want.len()];
+    rig.array.read_at(0, &mut got).unwrap();
+    assert!(got == want, "the degraded pool reads back differently");
+    assert_eq!(pool.usage().in_use_bytes, 0, "every buffer came back");
+}
