@@ -49,12 +49,18 @@ measure() {
     for row in "${rows[@]}"; do
         read -r rw bs qd jobs <<<"$row"
         run_fio "$1" "$rw" "$bs" "$qd" "$jobs" 2 >/dev/null # warm
-        local t0 r n
-        t0=$(cpu_ticks "$2")
+        local t0 t1 c0 c1 r n
+        t0=$(cpu_ticks "$2"); c0=$(cpu_stat 0)
         read -r r n < <(run_fio "$1" "$rw" "$bs" "$qd" "$jobs" "$secs")
+        c1=$(cpu_stat 0); t1=$(cpu_ticks "$2")
         iops[$3 $row]=$r
-        cpu[$3 $row]=$(us_per_io "$t0" "$(cpu_ticks "$2")" "$n")
-        echo "  $3 $row: $r IOPS, ${cpu[$3 $row]} us CPU per request" >&2
+        cpu[$3 $row]=$(us_per_io "$t0" "$t1" "$n")
+        # Did the server have CPU 0 to itself? Its share of the core, and what else ran there.
+        local b0 a0 b1 a1 others
+        read -r b0 a0 <<<"$c0"; read -r b1 a1 <<<"$c1"
+        others=$(awk -v b=$((b1 - b0)) -v a=$((a1 - a0)) -v t=$((t1 - t0)) 'BEGIN { printf "%.0f", 100 * (b - t) / a }')
+        echo "  $3 $row: $r IOPS, ${cpu[$3 $row]} us CPU per request; others on CPU 0: ${others}%" >&2
+        ((others < 5)) || echo "  WARNING: CPU 0 was shared with other work; do not trust this row" >&2
     done
 }
 

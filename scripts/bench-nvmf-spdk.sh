@@ -57,18 +57,23 @@ measure() {
     for row in "${rows[@]}"; do
         read -r w bs qd <<<"$row"
         run_perf "$port" "$nqn" "$w" "$bs" "$qd" 2 >/dev/null # warm
-        local t0 c0 c1 iops
+        local t0 t1 c0 c1 iops
         t0=$(cpu_ticks "$pid"); c0=$(cpu_stat 0)
         iops=$(run_perf "$port" "$nqn" "$w" "$bs" "$qd" "$secs")
-        c1=$(cpu_stat 0)
+        c1=$(cpu_stat 0); t1=$(cpu_ticks "$pid")
         local ios; ios=$(awk -v r="$iops" -v s="$secs" 'BEGIN { printf "%d", r * s }')
         if [[ $side == mr ]]; then
-            mr_iops[$row]=$iops; mr_cpu[$row]=$(us_per_io "$t0" "$(cpu_ticks "$pid")" "$ios")
+            mr_iops[$row]=$iops; mr_cpu[$row]=$(us_per_io "$t0" "$t1" "$ios")
         else
             sp_iops[$row]=$iops; sp_cpu[$row]=$(awk -v s="$secs" -v n="$ios" 'BEGIN { printf "%.1f", s * 1e6 / n }')
         fi
         read -r b0 a0 <<<"$c0"; read -r b1 a1 <<<"$c1"
-        echo "  $side $row: $iops IOPS; CPU 0 busy $(awk -v b=$((b1 - b0)) -v a=$((a1 - a0)) 'BEGIN { printf "%.0f%%", 100 * b / a }')" >&2
+        # Did the target have CPU 0 to itself? Its own share of the core, and what else ran there.
+        local share
+        share=$(awk -v b=$((b1 - b0)) -v a=$((a1 - a0)) -v t=$((t1 - t0)) \
+            'BEGIN { printf "target %.0f%% of CPU 0, others %.0f%%", 100 * t / a, 100 * (b - t) / a }')
+        echo "  $side $row: $iops IOPS; $share" >&2
+        case $share in *"others "[0-4]%) ;; *) echo "  WARNING: CPU 0 was shared with other work; do not trust this row" >&2 ;; esac
     done
 }
 
