@@ -71,7 +71,16 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
-fn check(level: Level, n: usize) {
+/// What is in flight when the member fails.
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    /// A one-strip write of the row (read-modify-write: data, then parity).
+    Write,
+    /// A discard of the whole row (every member deallocated in turn).
+    Discard,
+}
+
+fn check(level: Level, n: usize, op: Op) {
     let budget: Arc<AtomicI64> = kill_budget();
     let drives: Vec<Arc<FaultyDrive>> = (0..n)
         .map(|i| {
@@ -117,12 +126,18 @@ fn check(level: Level, n: usize) {
     let (parity, victim) = (layout[k], layout[1]);
     let fs = geo.full_stripe_bytes();
     let at = (row * fs) as usize;
-    let new = pattern(99, STRIP as usize);
+    let (new, len) = match op {
+        Op::Write => (pattern(99, STRIP as usize), STRIP as usize),
+        Op::Discard => (vec![0u8; fs as usize], fs as usize),
+    };
     let held = DATA_OFFSET + row * STRIP;
     *gates[parity].range.lock() = Some(held..held + STRIP);
-    let ctx = format!("{level}: row {row}, parity on {parity}, member {victim} failed");
+    let ctx = format!("{level} {op:?}: row {row}, parity on {parity}, member {victim} failed");
     std::thread::scope(|s| {
-        let writer = s.spawn(|| pool.write_at(at as u64, &new));
+        let writer = s.spawn(|| match op {
+            Op::Write => pool.write_at(at as u64, &new),
+            Op::Discard => pool.array().discard(at as u64, fs).map_err(Into::into),
+        });
         while !gates[parity].entered.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -161,12 +176,13 @@ fn check(level: Level, n: usize) {
         .find(|&c| geo.locate(row, c).member == victim)
         .unwrap();
     let v = at + victim_col * STRIP as usize;
+    let untouched = matches!(op, Op::Write);
     assert!(
-        got[v..v + STRIP as usize] == durable[v..v + STRIP as usize],
+        !untouched || got[v..v + STRIP as usize] == durable[v..v + STRIP as usize],
         "{ctx}: the failed member's untouched strip comes back damaged"
     );
     let mut want = durable.clone();
-    want[at..at + STRIP as usize].copy_from_slice(&new);
+    want[at..at + len].copy_from_slice(&new);
     // The write was in flight when the failure was recorded: it is durable with it.
     assert!(
         got == want,
@@ -186,10 +202,15 @@ fn check(level: Level, n: usize) {
 
 #[test]
 fn raid5_write_in_flight_when_a_member_fails_survives_a_crash() {
-    check(Level::Raid5, 4);
+    check(Level::Raid5, 4, Op::Write);
+}
+
+#[test]
+fn raid6_discard_in_flight_when_a_member_fails_survives_a_crash() {
+    check(Level::Raid6, 6, Op::Discard);
 }
 
 #[test]
 fn raid6_write_in_flight_when_a_member_fails_survives_a_crash() {
-    check(Level::Raid6, 6);
+    check(Level::Raid6, 6, Op::Write);
 }

@@ -163,8 +163,14 @@ impl Array {
         // A partial-parity log record left by a degraded write must never be replayed over
         // these rows.
         self.retire_log();
+        // Like a write without the log: a failure meanwhile is recorded only once this is
+        // done (and flushed), so a crash never finds these rows torn in a degraded pool.
+        let Some(ticket) = self.begin_unlogged() else {
+            return self.deallocate_locked(row, n);
+        };
         let drives = self.drives.load_full();
         let (at, bytes) = (self.member_offset(row, 0), n * self.geo.strip);
+        let mut failed = Vec::new();
         for m in 0..self.geo.members {
             if !self.writable(m) {
                 continue;
@@ -172,9 +178,14 @@ impl Array {
             if let Err(e) = drives[m].deallocate(at, bytes) {
                 self.member_stats[m].errors.fetch_add(1, Ordering::Relaxed);
                 self.stats.member_errors.fetch_add(1, Ordering::Relaxed);
-                if Arc::ptr_eq(&drives[m], &self.drives.load()[m]) {
-                    self.fail_member(m, &e);
-                }
+                failed.push((m, e));
+            }
+        }
+        // Given back before a failure is recorded (which waits for every ticket).
+        drop(ticket);
+        for (m, e) in failed {
+            if Arc::ptr_eq(&drives[m], &self.drives.load()[m]) {
+                self.fail_member(m, &e);
             }
         }
         self.stats
