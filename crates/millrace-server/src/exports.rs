@@ -75,6 +75,7 @@ impl State {
                 v.name
             )));
         }
+        let dev = self.metered(pool, e, v)?;
         let mut tasks = Vec::new();
         if let Some(addr) = c.listen {
             let l = std::net::TcpListener::bind(addr)
@@ -88,25 +89,24 @@ impl State {
             ));
         }
         if let Some(path) = &c.socket {
-            let _ = std::fs::remove_file(path);
-            if let Some(dir) = path.parent() {
-                let _ = std::fs::create_dir_all(dir);
-            }
-            let l = std::os::unix::net::UnixListener::bind(path)
-                .and_then(|l| l.set_nonblocking(true).map(|_| l))
-                .and_then(tokio::net::UnixListener::from_std)
+            let l = crate::sockpath::bind(path)
+                .and_then(|l| {
+                    l.set_nonblocking(true)
+                        .and_then(|_| tokio::net::UnixListener::from_std(l))
+                        .map_err(|e| format!("cannot listen for NBD on {}: {e}", path.display()))
+                })
                 .map_err(|e| {
                     for t in &tasks {
                         t.abort();
                     }
-                    ApiError::conflict(format!("cannot listen for NBD on {}: {e}", path.display()))
+                    crate::sockpath::remove(path);
+                    ApiError::conflict(e)
                 })?;
             let (s, name) = (self.nbd.clone(), c.name.clone());
             tasks.push(tokio::spawn(
                 async move { s.serve_unix_only(l, &name).await },
             ));
         }
-        let dev = self.metered(pool, e, v)?;
         let added = self
             .nbd
             .add_export(millrace_nbd::Export {
@@ -126,6 +126,9 @@ impl State {
                 for t in tasks {
                     t.abort();
                 }
+                if let Some(p) = &c.socket {
+                    crate::sockpath::remove(p);
+                }
                 Err(e)
             }
         }
@@ -142,7 +145,7 @@ impl State {
             t.abort();
         }
         if let Some(p) = &c.socket {
-            let _ = std::fs::remove_file(p);
+            crate::sockpath::remove(p);
         }
     }
 

@@ -23,6 +23,7 @@ mod props;
 mod rdma;
 pub mod service;
 mod shares;
+mod sockpath;
 mod state;
 
 use std::net::SocketAddr;
