@@ -52,6 +52,17 @@ fn counts(a: &Array) -> [u64; 5] {
     ]
 }
 
+/// The bytes written at `off`: every 512-byte sector different, so a parity that left out
+/// some request's data could not pass a check by chance.
+fn fill(b: &mut [u8], off: u64) {
+    for (i, c) in b.chunks_mut(512).enumerate() {
+        let s = (off / 512 + i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        for (j, x) in c.iter_mut().enumerate() {
+            *x = (s >> ((j % 8) * 8)) as u8 ^ j as u8;
+        }
+    }
+}
+
 /// Writes [0, total) in `size` pieces, in order, `qd` in flight at once from one core.
 fn stream(cores: &Cores, pool: &BufPool, a: &Arc<Array>, size: usize, qd: usize, total: u64) {
     let next = Arc::new(AtomicU64::new(0));
@@ -63,12 +74,12 @@ fn stream(cores: &Cores, pool: &BufPool, a: &Arc<Array>, size: usize, qd: usize,
                 let (a, pool, next) = (a.clone(), pool.clone(), next.clone());
                 hs.push(tokio::task::spawn_local(async move {
                     let mut b = pool.get(size).await.unwrap();
-                    b.fill(0x5a);
                     loop {
                         let off = next.fetch_add(size as u64, Ordering::Relaxed);
                         if off + size as u64 > total {
                             break;
                         }
+                        fill(&mut b, off);
                         let (r, back) = a.write_async(off, b, false).await;
                         r.unwrap();
                         b = back;
@@ -93,9 +104,13 @@ fn main() {
     let qd: usize = arg(5, "16").parse().unwrap();
     let total: u64 = arg(6, "64").parse::<u64>().unwrap() << 20;
     let base = std::env::var("DIR").unwrap_or_else(|_| "/dev/shm".into());
-    let dir = tempfile::tempdir_in(base).unwrap();
+    let tmp = tempfile::tempdir_in(base).unwrap();
+    // MERGE_COST_KEEP=DIR: the member files (data at 1 MiB) and `expected`, the bytes written,
+    // stay there for Linux md to check (tests/guest/md-compat.sh).
+    let keep = std::env::var_os("MERGE_COST_KEEP").map(std::path::PathBuf::from);
+    let dir = keep.clone().unwrap_or_else(|| tmp.path().to_path_buf());
     let data = total.div_ceil(strip * (n as u64 - 2)) * strip + strip;
-    let arr = array(dir.path(), level, n, strip, data);
+    let arr = array(&dir, level, n, strip, data);
     let pool = BufPool::new(&PoolConfig {
         bytes: (qd * size).next_power_of_two().max(1 << 20) * 2,
         slices: 1,
@@ -130,5 +145,14 @@ fn main() {
             d[3],
             d[4],
         );
+    }
+    if let Some(k) = keep {
+        drop(cores);
+        arr.flush().unwrap();
+        let mut want = vec![0u8; total as usize];
+        for (i, c) in want.chunks_mut(size).enumerate() {
+            fill(c, (i * size) as u64);
+        }
+        std::fs::write(k.join("expected"), want).unwrap();
     }
 }
