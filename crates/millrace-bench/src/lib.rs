@@ -165,9 +165,54 @@ impl Options {
         if self.workloads.is_empty() {
             return Err("there is no workload to run".into());
         }
+        let lists = [
+            ("jobs", self.jobs.len()),
+            ("iodepth", self.iodepth.len()),
+            ("bs", self.bs.len()),
+            ("degraded", self.degraded.len()),
+        ];
+        if let Some((name, n)) = lists.iter().find(|(_, n)| *n > MAX_LIST) {
+            return Err(format!(
+                "{name} lists {n} values; a run takes at most {MAX_LIST} of each"
+            ));
+        }
+        if self.degraded.iter().any(|&d| d > 64) {
+            return Err("degraded takes counts of failed drives from 0 to 64, like 0,1,2".into());
+        }
         Ok(())
     }
+
+    /// The points this run measures (each takes `seconds`, and its raw row as long again).
+    pub fn points(&self) -> usize {
+        self.workloads.len()
+            * self.bs.len().max(1)
+            * self.jobs.len()
+            * self.iodepth.len()
+            * (self.degraded.len() + 1)
+    }
+
+    /// The most memory the run's request buffers can hold at once: each request in flight
+    /// has a buffer of its size, and the engine may hold as much again (parity, reconstructed
+    /// strips), in whole full stripes. `None` when it does not even fit in 64 bits.
+    pub fn memory_bytes(&self, setup: &Setup) -> Option<u64> {
+        let fs = setup.geo.full_stripe_bytes().max(1);
+        let in_flight =
+            (*self.jobs.iter().max()? as u64).checked_mul(*self.iodepth.iter().max()? as u64)?;
+        let largest = self
+            .workloads
+            .iter()
+            .flat_map(|&w| sizes_for(setup, self, w))
+            .max()?;
+        let per = largest
+            .checked_next_multiple_of(fs)?
+            .checked_mul(2)?
+            .checked_add(fs)?;
+        in_flight.checked_mul(per)
+    }
 }
+
+/// The most values each of a run's lists (jobs, iodepth, bs, degraded) may hold.
+pub const MAX_LIST: usize = 16;
 
 /// The setup of a simulated pool: RAM drives capped as `spec` says, with the metadata area a
 /// real drive of that size would get (journal room included).

@@ -42,8 +42,9 @@ impl Api {
         let Ok(sf) = serde_json::from_str::<millrace_server::ServerFile>(&text) else {
             return Ok(None);
         };
-        // SAFETY: kill with signal 0 only asks whether the process exists.
-        if unsafe { libc::kill(sf.pid as i32, 0) } != 0 {
+        // The server's lock, not its pid (which a dead server leaves to whoever gets it next),
+        // says whether it runs.
+        if !millrace_server::server_running(home) {
             return Ok(None);
         }
         Ok(Some(Api::new(sf.url, token, sf.tls_cert.as_deref())?))

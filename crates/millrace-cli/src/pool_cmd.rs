@@ -346,6 +346,8 @@ fn offline_scrub(home: &Path, name: &str, repair: bool, json: bool) -> Result<()
 }
 
 fn offline_create(home: &Path, opts: CreateOptions, drives: &[PathBuf], json: bool) -> Result<()> {
+    // Held to the end: a server or another CLI creating the same name waits, then is refused.
+    let _lock = Cache::lock(home)?;
     let mut cache = Cache::load(home)?;
     if cache.pools.contains_key(&opts.name) {
         if cache.open(&opts.name).is_ok() {
@@ -370,7 +372,15 @@ fn offline_create(home: &Path, opts: CreateOptions, drives: &[PathBuf], json: bo
     }
     pool.close()?;
     cache.remember(&pool);
-    cache.save(home)?;
+    if let Err(e) = cache.save(home) {
+        // Superblocks nobody records would be found by a later import as a pool: erase them.
+        let info = pool.info();
+        let _ = pool.destroy();
+        return Err(anyhow::anyhow!(
+            "{e}; the pool '{}' was not kept",
+            info.name
+        ));
+    }
     print_pool(&pool.info(), json)
 }
 

@@ -42,6 +42,20 @@ pub struct ServeArgs {
     /// The certificate's private key (PEM).
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Seconds an API connection has to send its request headers (and finish its TLS
+    /// handshake), and the most it may sit idle between requests; then it is closed.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    api_header_timeout: u64,
+    /// The most API connections served at once; more wait until one closes.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    api_max_connections: u64,
+    /// A host name the API answers to besides loopback and its own address (repeat for
+    /// several); other `Host` and `Origin` headers are refused (DNS rebinding).
+    #[arg(long, value_name = "NAME")]
+    api_allow_host: Vec<String>,
+    /// The most memory, in MiB, one bench run through the API may use for its buffers.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    bench_memory_mib: u64,
 }
 
 /// An address with the NVMe/RDMA port (4420) where none is given.
@@ -87,6 +101,13 @@ pub fn run(home: &Path, a: ServeArgs) -> Result<()> {
             .tls_cert
             .zip(a.tls_key)
             .map(|(cert, key)| millrace_server::TlsFiles { cert, key }),
+        http: millrace_server::HttpLimits {
+            header_timeout: std::time::Duration::from_secs(a.api_header_timeout),
+            max_connections: a.api_max_connections as usize,
+            allowed_hosts: a.api_allow_host,
+            ..Default::default()
+        },
+        bench_memory: a.bench_memory_mib << 20,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -76,6 +76,7 @@ impl State {
             rebuild: false,
         };
         opts.check().map_err(bad)?;
+        self.check_bench_budget(&opts, &setup)?;
         Ok(self.jobs.spawn(&label, "bench", move |job| {
             let points = millrace_bench::run_suite(&setup, &opts, &mut |_, done, total| {
                 job.progress(done as u64, total as u64)
@@ -88,4 +89,30 @@ impl State {
             Ok(format!("{} points measured", points.len()))
         }))
     }
+
+    /// A run through the API may take at most `bench_memory` bytes of buffers and an hour:
+    /// a request asking for more is refused before anything is allocated or started.
+    fn check_bench_budget(&self, opts: &Options, setup: &Setup) -> Result<(), ApiError> {
+        let need = opts.memory_bytes(setup);
+        if need.is_none_or(|n| n > self.bench_memory) {
+            return Err(bad(format!(
+                "this run would hold up to {} of buffers (jobs x iodepth requests in flight, each with its own buffer and the engine's), and a bench here may use at most {} (serve --bench-memory-mib); ask for fewer jobs, a lower iodepth or a smaller bs",
+                need.map_or("more than 2^64 bytes".to_string(), |n| format!("{n} bytes")),
+                self.bench_memory
+            )));
+        }
+        // Each point runs `seconds`, and its raw-drive row as long again.
+        let secs = opts.points() as f64 * opts.seconds * 2.0;
+        if secs > MAX_BENCH_SECONDS {
+            return Err(bad(format!(
+                "this run would take about {secs:.0} s ({} points of {} s, each with its raw row); a bench through the API runs at most {MAX_BENCH_SECONDS:.0} s: ask for fewer values or fewer seconds",
+                opts.points(),
+                opts.seconds
+            )));
+        }
+        Ok(())
+    }
 }
+
+/// The longest a bench run through the API may take.
+const MAX_BENCH_SECONDS: f64 = 3600.0;

@@ -13,6 +13,7 @@ mod api;
 mod bench;
 mod error;
 mod exports;
+mod http;
 mod jobs;
 mod metered;
 mod metrics;
@@ -34,6 +35,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 pub use error::ApiError;
+pub use http::HttpLimits;
 pub use model::ShareView;
 pub use props::{NbdExportConfig, NvmeExportConfig, ShareConfig};
 pub use rdma::view as rdma_view;
@@ -55,7 +57,14 @@ pub struct ServeConfig {
     pub token: Option<String>,
     /// Serve the API over HTTPS with this certificate chain and key (PEM files).
     pub tls: Option<TlsFiles>,
+    /// The API's timeouts, connection bound and the host names it answers.
+    pub http: HttpLimits,
+    /// The most memory one bench run may use for its requests' buffers.
+    pub bench_memory: u64,
 }
+
+/// The default of `ServeConfig::bench_memory` (`serve --bench-memory`).
+pub const DEFAULT_BENCH_MEMORY: u64 = 1 << 30;
 
 #[derive(Clone, Debug)]
 pub struct TlsFiles {
@@ -82,21 +91,60 @@ pub fn nbd_socket(home: &std::path::Path) -> PathBuf {
     home.join("nbd.sock")
 }
 
+/// The file a running server holds locked (flock) for its whole life: the lock, not the pid in
+/// server.json, says whether a server runs, so a dead server's record (its pid reused by
+/// another process) never blocks a start or the CLI.
+pub fn server_lock(home: &std::path::Path) -> PathBuf {
+    home.join("server.lock")
+}
+
+/// Whether a live server holds `home` (its lock is taken).
+pub fn server_running(home: &std::path::Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let Ok(f) = std::fs::File::open(server_lock(home)) else {
+        return false;
+    };
+    // SAFETY: flock on a descriptor this function owns; closing it releases a lock it took.
+    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
+    r != 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
+}
+
 /// Runs the server until SIGINT or SIGTERM: named start-up steps, the API until a signal,
 /// then the shutdown in the order that keeps the pools clean.
 pub async fn run(cfg: ServeConfig) -> Result<()> {
     check_config(&cfg)?;
-    let sf = claim_home(&cfg)?;
-    // The certificate is checked before any pool is touched.
+    // Held until this function returns: while it is, no second server starts on this home.
+    let (sf, _lock) = claim_home(&cfg)?;
+    // The certificate and every port are checked before any pool is touched: a start that
+    // cannot bind (an address in use) leaves the pools as they were, clean.
     let tls = load_tls(&cfg).await?;
-    let state = open_state(&cfg.home).await?;
-    let api = tokio::net::TcpListener::bind(cfg.api)
-        .await
-        .with_context(|| format!("cannot listen for the API on {}", cfg.api))?;
-    let api_addr = api.local_addr()?;
-    let nvme_at = start_nvme(&cfg, &state).await?;
-    let rdma_at = start_nvme_rdma(&state, &cfg.nvme_rdma);
-    let sock = start_nbd(&cfg, &state).await?;
+    let ports = bind_ports(&cfg).await?;
+    let mut state = tokio::task::spawn_blocking({
+        let home = cfg.home.clone();
+        move || State::open(&home)
+    })
+    .await??;
+    state.bench_memory = cfg.bench_memory;
+    let state = Arc::new(state);
+    let served = serve_opened(&cfg, &state, ports, tls, &sf).await;
+    eprintln!("millrace serve: stopping");
+    shut_down(state, &sf, &nbd_socket(&cfg.home), cfg.http.drain_timeout).await?;
+    served
+}
+
+/// Everything between the pools' opening and the signal; whatever it returns, the caller
+/// closes the pools.
+async fn serve_opened(
+    cfg: &ServeConfig,
+    state: &Arc<State>,
+    ports: Ports,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    sf: &std::path::Path,
+) -> Result<()> {
+    let api_addr = ports.api.local_addr()?;
+    let nvme_at = start_nvme(state, ports.nvme, ports.discovery)?;
+    let rdma_at = start_nvme_rdma(state, &cfg.nvme_rdma);
+    let sock = start_nbd(cfg, state, ports.nbd_tcp, ports.nbd_unix);
     state.start_pending_rebuilds();
     // Shares come back once their NBD exports serve (the pools started them above): the
     // kernel's NBD client attaches through them.
@@ -105,14 +153,65 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         tokio::task::spawn_blocking(move || s.restore_shares()).await?;
     }
     let scheme = if tls.is_some() { "https" } else { "http" };
-    write_server_file(&cfg, &sf, format!("{scheme}://{api_addr}"), &sock)?;
+    write_server_file(cfg, sf, format!("{scheme}://{api_addr}"), &sock)?;
     tracing::info!(api = %api_addr, "millrace serve is up");
-    announce(&cfg, scheme, api_addr, nvme_at, &rdma_at, &sock);
-    let app = api::router(state.clone(), cfg.token.clone());
-    let served = serve_api(api, app, tls).await;
-    eprintln!("millrace serve: stopping");
-    shut_down(state, &sf, &sock).await?;
-    served.context("the API server failed")
+    announce(cfg, scheme, api_addr, nvme_at, &rdma_at, &sock);
+    let hosts = api::HostGuard::new(api_addr, &cfg.http.allowed_hosts);
+    let app = api::router(state.clone(), cfg.token.clone(), hosts);
+    http::serve(ports.api, app, tls, cfg.http.clone(), signalled()).await;
+    Ok(())
+}
+
+/// The listeners, bound before any pool is opened.
+struct Ports {
+    api: tokio::net::TcpListener,
+    nvme: Option<tokio::net::TcpListener>,
+    discovery: Option<tokio::net::TcpListener>,
+    nbd_tcp: Option<tokio::net::TcpListener>,
+    nbd_unix: tokio::net::UnixListener,
+}
+
+async fn bind_ports(cfg: &ServeConfig) -> Result<Ports> {
+    use tokio::net::TcpListener;
+    let api = TcpListener::bind(cfg.api)
+        .await
+        .with_context(|| format!("cannot listen for the API on {}", cfg.api))?;
+    let (mut nvme, mut discovery) = (None, None);
+    if let Some(addr) = cfg.nvme {
+        nvme = Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen for NVMe/TCP on {addr}"))?,
+        );
+        if let Some(p) = cfg.discovery_port {
+            let d = SocketAddr::new(addr.ip(), p);
+            discovery = Some(
+                TcpListener::bind(d)
+                    .await
+                    .with_context(|| format!("cannot listen for NVMe discovery on {d}"))?,
+            );
+        }
+    }
+    let nbd_tcp = match cfg.nbd_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen for NBD on {addr}"))?,
+        ),
+        None => None,
+    };
+    // The home is ours (its lock is held), so a socket left there is a dead server's.
+    let sock = nbd_socket(&cfg.home);
+    let _ = std::fs::remove_file(&sock);
+    let nbd_unix = tokio::net::UnixListener::bind(&sock)
+        .with_context(|| format!("cannot listen for NBD on {}", sock.display()))?;
+    Ok(Ports {
+        api,
+        nvme,
+        discovery,
+        nbd_tcp,
+        nbd_unix,
+    })
 }
 
 fn check_config(cfg: &ServeConfig) -> Result<()> {
@@ -125,28 +224,40 @@ fn check_config(cfg: &ServeConfig) -> Result<()> {
     Ok(())
 }
 
-/// Makes the home and refuses it while another live server holds it; returns its server file.
-fn claim_home(cfg: &ServeConfig) -> Result<PathBuf> {
+/// Makes the home and takes its server lock, or refuses while another live server holds it;
+/// returns its server file and the held lock.
+fn claim_home(cfg: &ServeConfig) -> Result<(PathBuf, std::fs::File)> {
+    use std::os::fd::AsRawFd;
     std::fs::create_dir_all(&cfg.home)
         .with_context(|| format!("cannot create {}", cfg.home.display()))?;
-    let sf = server_file(&cfg.home);
-    if let Ok(text) = std::fs::read_to_string(&sf) {
-        if let Ok(old) = serde_json::from_str::<ServerFile>(&text) {
-            // SAFETY: kill with signal 0 only asks whether the process exists.
-            if old.pid != std::process::id() && unsafe { libc::kill(old.pid as i32, 0) } == 0 {
-                bail!(
-                    "another millrace server (pid {}) already serves {} at {}; stop it first",
-                    old.pid,
-                    cfg.home.display(),
-                    old.url
-                );
-            }
+    let path = server_lock(&cfg.home);
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    // SAFETY: flock on a descriptor we own; it is released when the file is closed.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::WouldBlock {
+            bail!("cannot lock {}: {e}", path.display());
         }
+        let sf = server_file(&cfg.home);
+        let who = std::fs::read_to_string(&sf)
+            .ok()
+            .and_then(|t| serde_json::from_str::<ServerFile>(&t).ok())
+            .map(|f| format!(" (pid {}, at {})", f.pid, f.url))
+            .unwrap_or_default();
+        bail!(
+            "another millrace server{who} already serves {}; stop it first",
+            cfg.home.display()
+        );
     }
-    Ok(sf)
+    Ok((server_file(&cfg.home), lock))
 }
 
-async fn load_tls(cfg: &ServeConfig) -> Result<Option<axum_server::tls_rustls::RustlsConfig>> {
+async fn load_tls(cfg: &ServeConfig) -> Result<Option<Arc<rustls::ServerConfig>>> {
     let Some(t) = &cfg.tls else {
         return Ok(None);
     };
@@ -161,36 +272,29 @@ async fn load_tls(cfg: &ServeConfig) -> Result<Option<axum_server::tls_rustls::R
                 t.key.display()
             )
         })?;
-    Ok(Some(c))
+    // The API speaks HTTP/1.1 (its header timer is HTTP/1's): offer only that.
+    let mut c = (*c.get_inner()).clone();
+    c.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Some(Arc::new(c)))
 }
 
-async fn open_state(home: &std::path::Path) -> Result<Arc<State>> {
-    let home = home.to_path_buf();
-    Ok(Arc::new(
-        tokio::task::spawn_blocking(move || State::open(&home)).await??,
-    ))
-}
-
-/// The NVMe/TCP port and its discovery port; returns where NVMe/TCP really listens (port 0 in
-/// the config picks a free port).
-async fn start_nvme(cfg: &ServeConfig, state: &Arc<State>) -> Result<Option<SocketAddr>> {
-    let Some(addr) = cfg.nvme else {
+/// Serves NVMe/TCP and its discovery port on their bound listeners; returns where NVMe/TCP
+/// listens (port 0 in the config picks a free port).
+fn start_nvme(
+    state: &Arc<State>,
+    nvme: Option<tokio::net::TcpListener>,
+    discovery: Option<tokio::net::TcpListener>,
+) -> Result<Option<SocketAddr>> {
+    let Some(l) = nvme else {
         return Ok(None);
     };
-    let l = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen for NVMe/TCP on {addr}"))?;
     let at = l.local_addr()?;
     state
         .nvme_listening
         .store(true, std::sync::atomic::Ordering::Relaxed);
     let t = state.nvmf.clone();
     tokio::spawn(async move { t.serve(l).await });
-    if let Some(p) = cfg.discovery_port {
-        let d = SocketAddr::new(addr.ip(), p);
-        let l = tokio::net::TcpListener::bind(d)
-            .await
-            .with_context(|| format!("cannot listen for NVMe discovery on {d}"))?;
+    if let Some(l) = discovery {
         let t = state.nvmf.clone();
         tokio::spawn(async move { t.serve_discovery(l).await });
     }
@@ -198,21 +302,19 @@ async fn start_nvme(cfg: &ServeConfig, state: &Arc<State>) -> Result<Option<Sock
 }
 
 /// NBD on TCP when asked and on the home's Unix socket always; returns the socket's path.
-async fn start_nbd(cfg: &ServeConfig, state: &Arc<State>) -> Result<PathBuf> {
-    if let Some(addr) = cfg.nbd_listen {
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("cannot listen for NBD on {addr}"))?;
+fn start_nbd(
+    cfg: &ServeConfig,
+    state: &Arc<State>,
+    tcp: Option<tokio::net::TcpListener>,
+    unix: tokio::net::UnixListener,
+) -> PathBuf {
+    if let Some(l) = tcp {
         let s = state.nbd.clone();
         tokio::spawn(async move { s.serve_tcp(l).await });
     }
-    let sock = nbd_socket(&cfg.home);
-    let _ = std::fs::remove_file(&sock);
-    let ul = tokio::net::UnixListener::bind(&sock)
-        .with_context(|| format!("cannot listen for NBD on {}", sock.display()))?;
     let s = state.nbd.clone();
-    tokio::spawn(async move { s.serve_unix(ul).await });
-    Ok(sock)
+    tokio::spawn(async move { s.serve_unix(unix).await });
+    nbd_socket(&cfg.home)
 }
 
 fn write_server_file(
@@ -273,41 +375,32 @@ async fn signalled() {
     }
 }
 
-/// Answers the API (over TLS when configured) until a signal.
-async fn serve_api(
-    api: tokio::net::TcpListener,
-    app: axum::Router,
-    tls: Option<axum_server::tls_rustls::RustlsConfig>,
-) -> std::io::Result<()> {
-    let Some(tls) = tls else {
-        return axum::serve(api, app)
-            .with_graceful_shutdown(signalled())
-            .await;
-    };
-    let handle = axum_server::Handle::new();
-    tokio::spawn({
-        let handle = handle.clone();
-        async move {
-            signalled().await;
-            handle.graceful_shutdown(Some(std::time::Duration::from_secs(5)));
-        }
-    });
-    axum_server::from_tcp_rustls(api.into_std()?, tls)?
-        .handle(handle)
-        .serve(app.into_make_service())
-        .await
-}
-
-async fn shut_down(state: Arc<State>, sf: &std::path::Path, sock: &std::path::Path) -> Result<()> {
-    // Shares first, while the NBD server still runs: their unmount flushes through it.
+/// Stops in the order that keeps the pools clean: the API has drained already; shares are
+/// unmounted (their writeback flushes through NBD); then the exports' requests are drained (no
+/// new one is let into a volume, the ones inside finish, at most `drain` long) and only then
+/// are the pools flushed and recorded clean. Requests still inside after `drain` leave the
+/// pools recorded in use, so the next start resyncs what they may have touched.
+async fn shut_down(
+    state: Arc<State>,
+    sf: &std::path::Path,
+    sock: &std::path::Path,
+    drain: std::time::Duration,
+) -> Result<()> {
     {
         let s = state.clone();
         tokio::task::spawn_blocking(move || s.stop_shares()).await?;
     }
+    state.meters.gate.close();
     state.nvmf.shutdown();
     state.nbd.shutdown();
+    let drained = state.meters.gate.drained(drain).await;
     let _ = std::fs::remove_file(sf);
     let _ = std::fs::remove_file(sock);
+    if !drained {
+        tracing::error!("export requests still running after {drain:?}; the pools are left recorded in use, and the next start resyncs them");
+        eprintln!("millrace serve: export requests did not finish within {drain:?}; the pools will be resynced at the next start");
+        return Ok(());
+    }
     tokio::task::spawn_blocking(move || state.close()).await??;
     Ok(())
 }

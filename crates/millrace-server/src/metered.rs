@@ -1,8 +1,12 @@
-//! Latency and byte counts of every request the exports make of a volume, for /metrics.
+//! Latency and byte counts of every request the exports make of a volume, for /metrics, and
+//! the gate every such request passes, which lets the server drain the exports at shutdown:
+//! once closed, new requests fail (the client sees an error, so nothing it was told is done is
+//! lost), and the server waits for the ones already inside before it records the pools clean.
 
 use std::io;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use millrace_block::{BlockDevice, BufResult, Extent, IoBuf, IoFuture};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -34,6 +38,7 @@ pub struct Meters {
     pub latency: Family<OpLabels, Histogram, fn() -> Histogram>,
     pub bytes: Family<OpLabels, Counter>,
     pub inflight: Family<VolLabels, Gauge>,
+    pub gate: Arc<Gate>,
 }
 
 impl Default for Meters {
@@ -42,8 +47,62 @@ impl Default for Meters {
             latency: Family::new_with_constructor(latency_histogram),
             bytes: Family::default(),
             inflight: Family::default(),
+            gate: Arc::default(),
         }
     }
+}
+
+/// Counts the exports' requests inside the volumes and, once closed, lets no new one in.
+#[derive(Default)]
+pub struct Gate {
+    closed: AtomicBool,
+    inside: AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// One request inside the gate; it leaves when this is dropped.
+pub struct Pass<'a>(&'a Gate);
+
+impl Drop for Pass<'_> {
+    fn drop(&mut self) {
+        if self.0.inside.fetch_sub(1, SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Gate {
+    /// Lets a request in, unless the gate is closed. Counted before the check, so `drained`
+    /// never misses one that got in just as the gate closed.
+    fn enter(&self) -> Option<Pass<'_>> {
+        self.inside.fetch_add(1, SeqCst);
+        let pass = Pass(self);
+        (!self.closed.load(SeqCst)).then_some(pass)
+    }
+
+    pub fn close(&self) {
+        self.closed.store(true, SeqCst);
+    }
+
+    /// Waits until no request is inside, at most `bound`; whether none is.
+    pub async fn drained(&self, bound: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.inside.load(SeqCst) == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, idle).await.is_err() {
+                return self.inside.load(SeqCst) == 0;
+            }
+        }
+    }
+}
+
+fn stopping() -> io::Error {
+    io::Error::other("the server is stopping; the request was not carried out")
 }
 
 impl Meters {
@@ -71,6 +130,9 @@ struct Metered {
 
 impl Metered {
     fn time<T>(&self, op: &str, bytes: u64, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+        let Some(_pass) = self.meters.gate.enter() else {
+            return Err(stopping());
+        };
         let vl = VolLabels {
             pool: self.pool.clone(),
             volume: self.volume.clone(),
@@ -104,6 +166,7 @@ impl Metered {
         bytes: u64,
         call: IoFuture<'_, T>,
         ok: impl Fn(&T) -> bool,
+        _pass: Pass<'_>,
     ) -> T {
         let vl = VolLabels {
             pool: self.pool.clone(),
@@ -168,23 +231,40 @@ impl BlockDevice for Metered {
         self.time("write_zeroes", 0, || self.dev.write_zeroes(offset, len))
     }
     fn read_async(&self, offset: u64, buf: IoBuf) -> IoFuture<'_, BufResult> {
+        let Some(pass) = self.meters.gate.enter() else {
+            return Box::pin(async move { (Err(stopping()), buf) });
+        };
         let n = buf.len() as u64;
-        Box::pin(self.time_async("read", n, self.dev.read_async(offset, buf), |r| r.0.is_ok()))
+        let call = self.dev.read_async(offset, buf);
+        Box::pin(self.time_async("read", n, call, |r| r.0.is_ok(), pass))
     }
     fn write_async(&self, offset: u64, buf: IoBuf, fua: bool) -> IoFuture<'_, BufResult> {
+        let Some(pass) = self.meters.gate.enter() else {
+            return Box::pin(async move { (Err(stopping()), buf) });
+        };
         let n = buf.len() as u64;
         let call = self.dev.write_async(offset, buf, fua);
-        Box::pin(self.time_async("write", n, call, |r| r.0.is_ok()))
+        Box::pin(self.time_async("write", n, call, |r| r.0.is_ok(), pass))
     }
     fn flush_async(&self) -> IoFuture<'_, io::Result<()>> {
-        Box::pin(self.time_async("flush", 0, self.dev.flush_async(), |r| r.is_ok()))
+        let Some(pass) = self.meters.gate.enter() else {
+            return Box::pin(async { Err(stopping()) });
+        };
+        let call = self.dev.flush_async();
+        Box::pin(self.time_async("flush", 0, call, |r| r.is_ok(), pass))
     }
     fn discard_async(&self, offset: u64, len: u64) -> IoFuture<'_, io::Result<()>> {
+        let Some(pass) = self.meters.gate.enter() else {
+            return Box::pin(async { Err(stopping()) });
+        };
         let call = self.dev.discard_async(offset, len);
-        Box::pin(self.time_async("discard", 0, call, |r| r.is_ok()))
+        Box::pin(self.time_async("discard", 0, call, |r| r.is_ok(), pass))
     }
     fn write_zeroes_async(&self, offset: u64, len: u64) -> IoFuture<'_, io::Result<()>> {
+        let Some(pass) = self.meters.gate.enter() else {
+            return Box::pin(async { Err(stopping()) });
+        };
         let call = self.dev.write_zeroes_async(offset, len);
-        Box::pin(self.time_async("write_zeroes", 0, call, |r| r.is_ok()))
+        Box::pin(self.time_async("write_zeroes", 0, call, |r| r.is_ok(), pass))
     }
 }

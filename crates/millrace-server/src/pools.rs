@@ -45,6 +45,7 @@ impl State {
             meters: Meters::default(),
             nbd_listeners: Default::default(),
             started: Instant::now(),
+            bench_memory: crate::DEFAULT_BENCH_MEMORY,
         };
         for name in cache.pools.keys() {
             match cache.open(name) {
@@ -109,14 +110,20 @@ impl State {
         Ok(())
     }
 
+    /// Creates a pool and records it, with the pool cache locked throughout: two creates of
+    /// one name (here, or one here and one by the CLI) cannot both succeed, and none loses the
+    /// other's entry. A create that fails after it wrote superblocks erases them again.
     pub fn create_pool(&self, req: CreatePool) -> Result<PoolView, ApiError> {
-        if self.pools.read().contains_key(&req.name) {
+        let level: Level = req.level.parse().map_err(|e: String| bad(e))?;
+        let internal = |e: millrace_array::PoolError| ApiError::internal(e.to_string());
+        let _lock = Cache::lock(&self.home).map_err(internal)?;
+        let mut cache = Cache::load(&self.home).map_err(internal)?;
+        if self.pools.read().contains_key(&req.name) || cache.pools.contains_key(&req.name) {
             return Err(ApiError::conflict(format!(
-                "a pool named {} is already served; pick another name",
+                "a pool named {} already exists here; pick another name, or destroy that one first",
                 req.name
             )));
         }
-        let level: Level = req.level.parse().map_err(|e: String| bad(e))?;
         let opts = CreateOptions {
             name: req.name.clone(),
             level,
@@ -130,16 +137,24 @@ impl State {
         for n in &pool.notes {
             tracing::warn!(pool = %req.name, "{n}");
         }
-        if !pool.superblock().clean {
+        let recorded = match pool.superblock().clean {
+            true => Ok(()),
             // Parity of drives that held something else is made consistent before any use.
-            pool.resync(|_, _| {})
-                .map_err(|e| ApiError::internal(format!("cannot initialise the parity: {e}")))?;
+            false => pool
+                .resync(|_, _| {})
+                .map_err(|e| ApiError::internal(format!("cannot initialise the parity: {e}"))),
         }
-        let mut cache = Cache::load(&self.home).map_err(|e| ApiError::internal(e.to_string()))?;
-        cache.remember(&pool);
-        cache
-            .save(&self.home)
-            .map_err(|e| ApiError::internal(e.to_string()))?;
+        .and_then(|_| {
+            cache.remember(&pool);
+            cache.save(&self.home).map_err(internal)
+        });
+        if let Err(e) = recorded {
+            // Nothing may be left on the drives that a later import would take for a pool.
+            if let Err(undo) = pool.destroy() {
+                tracing::error!(pool = %req.name, "cannot erase the superblocks of a failed create: {undo}");
+            }
+            return Err(e);
+        }
         self.adopt(pool)?;
         let e = self.entry(&req.name)?;
         Ok(self.pool_view(&e))
@@ -164,7 +179,9 @@ impl State {
                 }
             )));
         }
-        let mut cache = Cache::load(&self.home).map_err(|e| ApiError::internal(e.to_string()))?;
+        let internal = |e: millrace_array::PoolError| ApiError::internal(e.to_string());
+        let _lock = Cache::lock(&self.home).map_err(internal)?;
+        let mut cache = Cache::load(&self.home).map_err(internal)?;
         let mut names = Vec::new();
         for p in pools {
             let name = p.name();
@@ -263,10 +280,10 @@ impl State {
             .pool
             .destroy()
             .map_err(|e| ApiError::internal(e.to_string()))?;
-        let mut cache = Cache::load(&self.home).map_err(|e| ApiError::internal(e.to_string()))?;
-        cache.pools.remove(name);
-        cache
-            .save(&self.home)
-            .map_err(|e| ApiError::internal(e.to_string()))
+        Cache::update(&self.home, |c| {
+            c.pools.remove(name);
+            Ok(())
+        })
+        .map_err(|e| ApiError::internal(e.to_string()))
     }
 }

@@ -42,6 +42,8 @@ pub struct State {
         std::collections::HashMap<String, Vec<tokio::task::JoinHandle<std::io::Result<()>>>>,
     >,
     pub started: Instant,
+    /// The most memory one bench run may use for its requests' buffers.
+    pub bench_memory: u64,
 }
 
 /// Props a client may give a volume at creation (an orchestrator's tags, such as the CSI
@@ -166,11 +168,11 @@ impl State {
     }
 
     pub(crate) fn remember(&self, e: &PoolEntry) {
-        if let Ok(mut c) = Cache::load(&self.home) {
+        if let Err(err) = Cache::update(&self.home, |c| {
             c.remember(&e.pool);
-            if let Err(err) = c.save(&self.home) {
-                tracing::warn!("{err}");
-            }
+            Ok(())
+        }) {
+            tracing::warn!("{err}");
         }
     }
 

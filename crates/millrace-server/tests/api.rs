@@ -52,6 +52,8 @@ fn start_rdma(
         nbd_listen: None,
         token: token.map(str::to_string),
         tls,
+        http: Default::default(),
+        bench_memory: millrace_server::DEFAULT_BENCH_MEMORY,
     };
     std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().unwrap();
@@ -877,6 +879,8 @@ fn a_bad_certificate_stops_the_start_with_a_sentence() {
             cert: dir.path().join("bad.crt"),
             key: dir.path().join("bad.key"),
         }),
+        http: Default::default(),
+        bench_memory: millrace_server::DEFAULT_BENCH_MEMORY,
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     let e = rt.block_on(millrace_server::run(cfg)).unwrap_err();

@@ -7,6 +7,7 @@
 
 mod exports;
 mod extract;
+mod guard;
 mod jobs;
 mod pools;
 mod volumes;
@@ -95,7 +96,9 @@ fn routes() -> (Router<Arc<State>>, Doc) {
     (router, doc)
 }
 
-pub fn router(state: Arc<State>, token: Option<String>) -> Router {
+pub use guard::HostGuard;
+
+pub fn router(state: Arc<State>, token: Option<String>, hosts: HostGuard) -> Router {
     let (api, doc) = routes();
     let doc = Arc::new(doc);
     let api = api
@@ -117,6 +120,10 @@ pub fn router(state: Arc<State>, token: Option<String>) -> Router {
     Router::new()
         .route("/", get(index))
         .merge(guarded)
+        .layer(middleware::from_fn_with_state(
+            Arc::new(hosts),
+            guard::check,
+        ))
         .with_state(state)
 }
 

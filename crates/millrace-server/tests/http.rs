@@ -1,0 +1,239 @@
+//! The API's HTTP server under a hostile client: half-sent requests (slowloris) are closed
+//! after the header timeout while a well-formed request is still served, rebinding `Host`
+//! names and foreign `Origin`s are refused, and a bench that would allocate without bound is
+//! refused with a sentence while the server keeps serving (#16 items 2, 4 and 8).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+struct Server {
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+/// Starts a server on 127.0.0.1:0 with these HTTP limits, in a runtime of its own.
+fn start(http: millrace_server::HttpLimits) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let cfg = millrace_server::ServeConfig {
+        home: home.clone(),
+        api: "127.0.0.1:0".parse().unwrap(),
+        nvme: None,
+        discovery_port: None,
+        nvme_rdma: Vec::new(),
+        nbd_listen: None,
+        token: None,
+        tls: None,
+        http,
+        bench_memory: millrace_server::DEFAULT_BENCH_MEMORY,
+    };
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        if let Err(e) = rt.block_on(millrace_server::run(cfg)) {
+            panic!("the server stopped: {e:#}");
+        }
+    });
+    let sf = millrace_server::server_file(&home);
+    let t0 = Instant::now();
+    let url = loop {
+        if let Ok(text) = std::fs::read_to_string(&sf) {
+            if let Ok(f) = serde_json::from_str::<millrace_server::ServerFile>(&text) {
+                break f.url;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Server {
+        addr: url.trim_start_matches("http://").parse().unwrap(),
+        _dir: dir,
+    }
+}
+
+/// One request over a fresh connection, as written; the status and the JSON body.
+fn raw(addr: SocketAddr, request: &str) -> (u16, Value) {
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    c.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    c.read_to_string(&mut out).unwrap();
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {out:?}"));
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+fn get(addr: SocketAddr, path: &str, headers: &str) -> (u16, Value) {
+    raw(
+        addr,
+        &format!("GET {path} HTTP/1.1\r\n{headers}Connection: close\r\n\r\n"),
+    )
+}
+
+fn post(addr: SocketAddr, path: &str, headers: &str, body: &Value) -> (u16, Value) {
+    let body = body.to_string();
+    raw(
+        addr,
+        &format!(
+            "POST {path} HTTP/1.1\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+}
+
+fn sentence(r: &(u16, Value), status: u16) -> String {
+    assert_eq!(r.0, status, "expected HTTP {status}: {}", r.1);
+    let msg = r.1["error"].as_str().unwrap_or_default().to_string();
+    assert!(msg.len() > 20, "no sentence in {}", r.1);
+    msg
+}
+
+#[test]
+fn half_sent_requests_are_closed_and_others_still_served() {
+    let limits = millrace_server::HttpLimits {
+        header_timeout: Duration::from_secs(1),
+        max_connections: 32,
+        ..Default::default()
+    };
+    let s = start(limits);
+    let local = format!("Host: {}\r\n", s.addr);
+    // Three times the connection bound, each with half its headers and then silence.
+    let mut loris: Vec<TcpStream> = (0..96)
+        .map(|_| {
+            let mut c = TcpStream::connect(s.addr).unwrap();
+            c.write_all(format!("GET /api/v1/status HTTP/1.1\r\n{local}X-Slow: ").as_bytes())
+                .unwrap();
+            c
+        })
+        .collect();
+    // A well-formed request still gets its answer: the half-sent ones ahead of it are closed
+    // after the header timeout, a bound's worth at a time.
+    let t0 = Instant::now();
+    let (st, v) = get(s.addr, "/api/v1/status", &local);
+    assert_eq!(st, 200, "{v}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "served only after {:?}",
+        t0.elapsed()
+    );
+    // And every half-sent one was closed by the server (end of file, or a reset).
+    for (i, c) in loris.iter_mut().enumerate() {
+        c.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        let mut buf = [0u8; 4096];
+        loop {
+            match c.read(&mut buf) {
+                Ok(0) => break,
+                // A 408 or similar before the close is fine.
+                Ok(_) => continue,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut =>
+                {
+                    panic!(
+                        "half-sent connection {i} is still open after {:?}",
+                        t0.elapsed()
+                    )
+                }
+                Err(_) => break,
+            }
+        }
+    }
+    // An idle keep-alive connection is closed too, after its one request.
+    let mut c = TcpStream::connect(s.addr).unwrap();
+    c.write_all(format!("GET /api/v1/status HTTP/1.1\r\n{local}\r\n").as_bytes())
+        .unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mut all = Vec::new();
+    let t1 = Instant::now();
+    c.read_to_end(&mut all)
+        .expect("the idle connection is closed");
+    assert!(String::from_utf8_lossy(&all).starts_with("HTTP/1.1 200"));
+    assert!(t1.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn rebinding_hosts_and_foreign_origins_are_refused() {
+    let s = start(Default::default());
+    let local = format!("Host: {}\r\n", s.addr);
+    assert_eq!(get(s.addr, "/api/v1/status", &local).0, 200);
+    assert_eq!(
+        get(s.addr, "/api/v1/status", "Host: localhost:8740\r\n").0,
+        200
+    );
+    assert_eq!(get(s.addr, "/api/v1/status", "Host: [::1]\r\n").0, 200);
+    // A name the attacker's DNS now points at 127.0.0.1.
+    let msg = sentence(
+        &get(
+            s.addr,
+            "/api/v1/status",
+            "Host: rebound.attacker.example\r\n",
+        ),
+        421,
+    );
+    assert!(
+        msg.contains("rebound.attacker.example") && msg.contains("--api-allow-host"),
+        "{msg}"
+    );
+    // The page, too, and a request with no Host at all.
+    sentence(&get(s.addr, "/", "Host: rebound.attacker.example\r\n"), 421);
+    assert_eq!(
+        raw(s.addr, "GET /api/v1/status HTTP/1.0\r\n\r\n").0,
+        421,
+        "no Host"
+    );
+    // A page from another origin calling 127.0.0.1 directly: refused, and nothing created.
+    let dir = tempfile::tempdir().unwrap();
+    let drives: Vec<PathBuf> = (0..2).map(|i| dir.path().join(format!("d{i}"))).collect();
+    let create =
+        json!({"name": "csrf", "level": "raid1", "drives": drives, "create_size_bytes": 32 << 20});
+    let foreign = format!("{local}Origin: http://evil.example\r\n");
+    let msg = sentence(&post(s.addr, "/api/v1/pools", &foreign, &create), 403);
+    assert!(msg.contains("evil.example"), "{msg}");
+    assert!(!drives[0].exists(), "a refused create touched its drives");
+    let (st, v) = get(s.addr, "/api/v1/pools", &local);
+    assert_eq!(st, 200);
+    assert_eq!(v["pools"].as_array().map(Vec::len), Some(0), "{v}");
+    // The dashboard's own origin is fine.
+    let same = format!("{local}Origin: http://{}\r\n", s.addr);
+    let (st, v) = post(s.addr, "/api/v1/pools", &same, &create);
+    assert_eq!(st, 201, "{v}");
+}
+
+#[test]
+fn a_bench_beyond_the_memory_budget_is_refused_and_the_server_serves_on() {
+    let s = start(Default::default());
+    let local = format!("Host: {}\r\n", s.addr);
+    // 256 jobs x depth 8 x 1 GiB would be 2 TiB of buffers.
+    let huge = json!({"sim": "4x100M", "level": "raid5", "suite": "seq", "jobs": [256],
+                      "iodepth": [8], "bs": [1u64 << 30], "degraded": [0], "seconds": 1});
+    let msg = sentence(&post(s.addr, "/api/v1/bench", &local, &huge), 400);
+    assert!(
+        msg.contains("at most") && msg.contains("bench-memory"),
+        "{msg}"
+    );
+    // Each list is bounded, and so is the time a run takes.
+    let many = json!({"sim": "4x100M", "jobs": (1..=17).collect::<Vec<u32>>()});
+    sentence(&post(s.addr, "/api/v1/bench", &local, &many), 400);
+    let long = json!({"sim": "4x100M", "jobs": [1, 2, 4, 8], "iodepth": [1, 2, 4, 8],
+                      "seconds": 600});
+    let msg = sentence(&post(s.addr, "/api/v1/bench", &local, &long), 400);
+    assert!(msg.contains("at most 3600 s"), "{msg}");
+    // Nothing was started, and the server still answers.
+    let (st, v) = get(s.addr, "/api/v1/jobs", &local);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["jobs"].as_array().map(Vec::len), Some(0), "{v}");
+    // A modest run is still accepted.
+    let small = json!({"sim": "4x100M", "level": "raid5", "suite": "seq", "jobs": [1],
+                       "degraded": [0], "seconds": 0.1});
+    assert_eq!(post(s.addr, "/api/v1/bench", &local, &small).0, 202);
+}
