@@ -42,6 +42,25 @@ pub struct ServeArgs {
     /// The certificate's private key (PEM).
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Threads that serve the exports' connections, each with its own io_uring and slice of
+    /// the buffer pool (default: the CPUs this process may use, at most 16; 1 to 256).
+    #[arg(long, value_name = "N")]
+    cores: Option<usize>,
+    /// Pin the cores to these CPUs (like taskset: 0-3,8); without --cores, one core per CPU.
+    #[arg(long, value_name = "LIST", value_parser = cpu_list)]
+    cpus: Option<CpuList>,
+    /// The buffer pool all request data lives in, mapped at start-up: the bound on the exports'
+    /// payload memory (default 256M; at least 1M per core). When it is full, requests wait.
+    #[arg(long, value_name = "SIZE", value_parser = crate::format::parse_bytes)]
+    buffer_pool: Option<u64>,
+}
+
+/// A parsed `--cpus` (a newtype: clap would take a bare Vec as a repeated flag).
+#[derive(Clone, Debug)]
+struct CpuList(Vec<usize>);
+
+fn cpu_list(s: &str) -> std::result::Result<CpuList, String> {
+    millrace_server::datapath::parse_cpu_list(s).map(CpuList)
 }
 
 /// An address with the NVMe/RDMA port (4420) where none is given.
@@ -87,6 +106,12 @@ pub fn run(home: &Path, a: ServeArgs) -> Result<()> {
             .tls_cert
             .zip(a.tls_key)
             .map(|(cert, key)| millrace_server::TlsFiles { cert, key }),
+        data_path: millrace_server::datapath::DataPathConfig {
+            cores: a.cores,
+            cpus: a.cpus.map(|c| c.0),
+            buffer_pool_bytes: a.buffer_pool,
+            populate: None,
+        },
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

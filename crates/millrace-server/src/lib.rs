@@ -11,6 +11,7 @@
 // pools into service brings their exports and shares back); bench, metrics, rdma; api.
 mod api;
 mod bench;
+pub mod datapath;
 mod error;
 mod exports;
 mod jobs;
@@ -55,6 +56,8 @@ pub struct ServeConfig {
     pub token: Option<String>,
     /// Serve the API over HTTPS with this certificate chain and key (PEM files).
     pub tls: Option<TlsFiles>,
+    /// The cores and the buffer pool every export's connections run on.
+    pub data_path: datapath::DataPathConfig,
 }
 
 #[derive(Clone, Debug)]
@@ -89,7 +92,11 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     let sf = claim_home(&cfg)?;
     // The certificate is checked before any pool is touched.
     let tls = load_tls(&cfg).await?;
+    // Sizes are checked and the pool mapped before any pool is touched.
+    let dp = datapath::DataPath::start(&cfg.data_path)?;
     let state = open_state(&cfg.home).await?;
+    (state.nvmf).set_data_path(dp.pool.clone(), Some(dp.cores.clone()))?;
+    let _ = state.data_path.set(dp);
     let api = tokio::net::TcpListener::bind(cfg.api)
         .await
         .with_context(|| format!("cannot listen for the API on {}", cfg.api))?;
@@ -318,11 +325,17 @@ async fn shut_down(state: Arc<State>, sf: &std::path::Path, sock: &std::path::Pa
 fn start_nvme_rdma(state: &Arc<State>, addrs: &[SocketAddr]) -> String {
     let mut up = Vec::new();
     for &addr in addrs {
-        match millrace_nvmf_rdma::serve::listen(
-            &state.nvmf,
-            addr,
-            millrace_nvmf_rdma::serve::DEFAULT_POOL_BYTES,
-        ) {
+        let listening = match state.data_path.get() {
+            Some(dp) => {
+                millrace_nvmf_rdma::serve::listen_with_pool(&state.nvmf, addr, dp.pool.clone())
+            }
+            None => millrace_nvmf_rdma::serve::listen(
+                &state.nvmf,
+                addr,
+                millrace_nvmf_rdma::serve::DEFAULT_POOL_BYTES,
+            ),
+        };
+        match listening {
             Ok(l) => {
                 up.push(l.local_addr().to_string());
                 state.nvme_rdma.lock().push(l);

@@ -26,6 +26,16 @@ fn start_in(
     start_with(dir, token, tls, None)
 }
 
+/// Tests start many servers at once: two cores and a 16 MiB pool each, not faulted in.
+fn small_data_path() -> millrace_server::datapath::DataPathConfig {
+    millrace_server::datapath::DataPathConfig {
+        cores: Some(2),
+        cpus: None,
+        buffer_pool_bytes: Some(16 << 20),
+        populate: Some(false),
+    }
+}
+
 fn start_with(
     dir: tempfile::TempDir,
     token: Option<&str>,
@@ -52,6 +62,7 @@ fn start_rdma(
         nbd_listen: None,
         token: token.map(str::to_string),
         tls,
+        data_path: small_data_path(),
     };
     std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().unwrap();
@@ -877,6 +888,7 @@ fn a_bad_certificate_stops_the_start_with_a_sentence() {
             cert: dir.path().join("bad.crt"),
             key: dir.path().join("bad.key"),
         }),
+        data_path: small_data_path(),
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     let e = rt.block_on(millrace_server::run(cfg)).unwrap_err();
