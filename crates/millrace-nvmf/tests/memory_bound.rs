@@ -25,6 +25,31 @@ const SMALL: u64 = 3000;
 const BIG: u64 = 24;
 const BLOCK: usize = 4096;
 
+/// Context switches (voluntary, involuntary) of the core threads so far, and how many threads
+/// of tokio's blocking pool exist (none should: no device call leaves its core).
+fn core_switches() -> (u64, u64, usize) {
+    let (mut v, mut n, mut blocking) = (0, 0, 0);
+    for e in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        if comm.starts_with("tokio-runtime-w") || comm.starts_with("tokio-blocking") {
+            blocking += 1;
+        }
+        if !comm.starts_with("millrace-core") {
+            continue;
+        }
+        let st = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
+        for l in st.lines() {
+            let num = |l: &str| l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap();
+            if l.starts_with("voluntary_ctxt_switches") {
+                v += num(l);
+            } else if l.starts_with("nonvoluntary_ctxt_switches") {
+                n += num(l);
+            }
+        }
+    }
+    (v, n, blocking)
+}
+
 fn rss_bytes() -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
     let l = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
@@ -164,7 +189,9 @@ fn thousands_of_concurrent_ios_stay_within_a_small_pool() {
         allow_any_host: false,
     })
     .unwrap();
+    // Named, so that any "tokio-runtime-worker" thread is a core's blocking pool.
     let rt = tokio::runtime::Builder::new_multi_thread()
+        .thread_name("initiator")
         .worker_threads(2)
         .enable_all()
         .build()
@@ -189,6 +216,8 @@ fn thousands_of_concurrent_ios_stay_within_a_small_pool() {
         // Warm up (the initiator's and runtime's own allocations), then measure.
         run(&c, &ios[..64], 0, true).await;
         let rss0 = rss_bytes();
+        let (v0, n0, _) = core_switches();
+        let c0 = t.stats().commands;
         for round in 1..=2 {
             for write in [true, false] {
                 let phase = run(&c, &ios, round, write);
@@ -206,6 +235,13 @@ fn thousands_of_concurrent_ios_stay_within_a_small_pool() {
             }
         }
         let rss1 = rss_bytes();
+        let (v1, n1, blocking) = core_switches();
+        let cmds = (t.stats().commands - c0).max(1);
+        eprintln!(
+            "core threads: {:.3} voluntary and {:.3} involuntary context switches per command over {cmds} commands; {blocking} blocking-pool threads",
+            (v1 - v0) as f64 / cmds as f64,
+            (n1 - n0) as f64 / cmds as f64
+        );
         let u = bufs.usage();
         eprintln!(
             "pool after the load: {u:?}; RSS {} -> {} MiB",
