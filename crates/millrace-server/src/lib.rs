@@ -96,6 +96,11 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     let dp = datapath::DataPath::start(&cfg.data_path)?;
     let state = open_state(&cfg.home).await?;
     (state.nvmf).set_data_path(dp.pool.clone(), Some(dp.cores.clone()))?;
+    // A warning, not a failure: an export's own socket may already have served a client, which
+    // gave the NBD server a core and pool of its own.
+    if let Err(e) = state.nbd.set_data_path(dp.cores.clone(), dp.pool.clone()) {
+        tracing::warn!("NBD keeps its own core and buffer pool: {e}");
+    }
     let _ = state.data_path.set(dp);
     let api = tokio::net::TcpListener::bind(cfg.api)
         .await
