@@ -56,6 +56,25 @@ pub struct ServeArgs {
     /// The most memory, in MiB, one bench run through the API may use for its buffers.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     bench_memory_mib: u64,
+    /// Threads that serve the exports' connections, each with its own io_uring and slice of
+    /// the buffer pool (default: the CPUs this process may use, at most 16; 1 to 256).
+    #[arg(long, value_name = "N")]
+    cores: Option<usize>,
+    /// Pin the cores to these CPUs (like taskset: 0-3,8); without --cores, one core per CPU.
+    #[arg(long, value_name = "LIST", value_parser = cpu_list)]
+    cpus: Option<CpuList>,
+    /// The buffer pool all request data lives in, mapped at start-up: the bound on the exports'
+    /// payload memory (default 256M; at least 1M per core). When it is full, requests wait.
+    #[arg(long, value_name = "SIZE", value_parser = crate::format::parse_bytes)]
+    buffer_pool: Option<u64>,
+}
+
+/// A parsed `--cpus` (a newtype: clap would take a bare Vec as a repeated flag).
+#[derive(Clone, Debug)]
+struct CpuList(Vec<usize>);
+
+fn cpu_list(s: &str) -> std::result::Result<CpuList, String> {
+    millrace_server::datapath::parse_cpu_list(s).map(CpuList)
 }
 
 /// An address with the NVMe/RDMA port (4420) where none is given.
@@ -108,6 +127,12 @@ pub fn run(home: &Path, a: ServeArgs) -> Result<()> {
             ..Default::default()
         },
         bench_memory: a.bench_memory_mib << 20,
+        data_path: millrace_server::datapath::DataPathConfig {
+            cores: a.cores,
+            cpus: a.cpus.map(|c| c.0),
+            buffer_pool_bytes: a.buffer_pool,
+            populate: None,
+        },
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

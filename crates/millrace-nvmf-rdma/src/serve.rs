@@ -74,10 +74,7 @@ pub fn listen(
     if !millrace_rdma::devices::any() {
         return Err(millrace_rdma::Error::NoDevice);
     }
-    let listener = Listener::bind(addr, 128)?;
-    let at = listener.local_addr();
-    let cfg = target.config();
-    let max_transfer = cfg.max_transfer_bytes as usize;
+    let max_transfer = target.config().max_transfer_bytes as usize;
     let pool = BufPool::new(&PoolConfig {
         bytes: pool_bytes.max(max_transfer * 4),
         slices: 1,
@@ -89,6 +86,24 @@ pub fn listen(
             "cannot map the NVMe/RDMA buffer pool of {pool_bytes} bytes: {e}"
         ))
     })?;
+    listen_with_pool(target, addr, pool)
+}
+
+/// As [`listen`], with the data path's shared pool (`millrace serve` gives the one NVMe/TCP
+/// and NBD use, so one bound covers every export): it is registered with each RDMA device,
+/// and its largest buffer caps the transfer size.
+pub fn listen_with_pool(
+    target: &Target,
+    addr: SocketAddr,
+    pool: BufPool,
+) -> Result<RdmaListener, millrace_rdma::Error> {
+    if !millrace_rdma::devices::any() {
+        return Err(millrace_rdma::Error::NoDevice);
+    }
+    let listener = Listener::bind(addr, 128)?;
+    let at = listener.local_addr();
+    let cfg = target.config();
+    let max_transfer = (cfg.max_transfer_bytes as usize).min(pool.max_buf());
     let pc = PortConfig {
         limits: QueueLimits {
             admin_depth: cfg.admin_queue_depth,

@@ -149,7 +149,7 @@ fn put_nqn(b: &mut [u8], nqn: &str) {
 
 /// MDTS: the largest transfer as a power of two of 4 KiB pages.
 fn mdts(t: &Inner) -> u8 {
-    let pages = (t.cfg.max_transfer_bytes / 4096).max(1);
+    let pages = ((t.max_transfer() / 4096) as u32).max(1);
     (31 - pages.leading_zeros()) as u8
 }
 
@@ -331,7 +331,7 @@ fn get_log_page(x: &Ctx, sqe: &Sqe) -> Reply {
     let numd = ((sqe.cdw(11) as u64 & 0xffff) << 16 | (c10 >> 16) as u64) + 1;
     let len = numd * 4;
     let off = sqe.cdw(12) as u64 | (sqe.cdw(13) as u64) << 32;
-    if !off.is_multiple_of(4) || len > x.t.cfg.max_transfer_bytes as u64 {
+    if !off.is_multiple_of(4) || len > x.t.max_transfer() as u64 {
         return err(Status::INVALID_FIELD);
     }
     let s = &x.ctrl.subsys;

@@ -449,16 +449,19 @@ pub const CONNECT_DATA_HOSTNQN: u16 = 512;
 /// An NQN is at most 223 bytes of UTF-8 in a 256-byte, NUL-terminated field.
 pub const NQN_MAX: usize = 223;
 
-fn nqn_field(b: &[u8]) -> Option<String> {
+/// An NQN field: NUL-terminated UTF-8 of at most NQN_MAX bytes; empty when `may_be_empty`.
+fn nqn_field(b: &[u8], may_be_empty: bool) -> Option<String> {
     let end = b.iter().position(|&c| c == 0)?;
-    if end == 0 || end > NQN_MAX {
+    if (end == 0 && !may_be_empty) || end > NQN_MAX {
         return None;
     }
     std::str::from_utf8(&b[..end]).ok().map(str::to_owned)
 }
 
 impl ConnectData {
-    /// Decodes Connect data; `Err` carries the byte offset of the field at fault.
+    /// Decodes Connect data; `Err` carries the byte offset of the field at fault. The host NQN
+    /// may be empty (SPDK's initiator sends none): whether that is allowed is the subsystem's
+    /// call (only where any host may connect).
     pub fn decode(b: &[u8]) -> Result<ConnectData, u16> {
         if b.len() < CONNECT_DATA_LEN {
             return Err(0);
@@ -468,8 +471,8 @@ impl ConnectData {
         Ok(ConnectData {
             hostid,
             cntlid: le16(b, 16),
-            subnqn: nqn_field(&b[256..512]).ok_or(CONNECT_DATA_SUBNQN)?,
-            hostnqn: nqn_field(&b[512..768]).ok_or(CONNECT_DATA_HOSTNQN)?,
+            subnqn: nqn_field(&b[256..512], false).ok_or(CONNECT_DATA_SUBNQN)?,
+            hostnqn: nqn_field(&b[512..768], true).ok_or(CONNECT_DATA_HOSTNQN)?,
         })
     }
     pub fn encode(&self) -> Vec<u8> {
@@ -649,9 +652,17 @@ mod tests {
         let mut bad = b.clone();
         bad[256..512].fill(b'a'); // no terminator
         assert_eq!(ConnectData::decode(&bad), Err(CONNECT_DATA_SUBNQN));
+        // An empty host NQN decodes (the subsystem decides); an empty subsystem NQN does not,
+        // nor does a host NQN with no terminator.
         let mut empty = b.clone();
         empty[512..768].fill(0);
-        assert_eq!(ConnectData::decode(&empty), Err(CONNECT_DATA_HOSTNQN));
+        assert_eq!(ConnectData::decode(&empty).unwrap().hostnqn, "");
+        let mut empty = b.clone();
+        empty[256..512].fill(0);
+        assert_eq!(ConnectData::decode(&empty), Err(CONNECT_DATA_SUBNQN));
+        let mut bad = b.clone();
+        bad[512..768].fill(b'h');
+        assert_eq!(ConnectData::decode(&bad), Err(CONNECT_DATA_HOSTNQN));
         assert_eq!(ConnectData::decode(&b[..100]), Err(0));
     }
 }

@@ -1,34 +1,25 @@
 //! The NVM command set against a namespace: Read, Write, Flush, Write Zeroes and Dataset
 //! Management, whatever transport carried the command. The transport hands over the command
-//! with its data (a write's, already fetched) and gets back a status, or a read's data to place
-//! in the host's memory. Device calls run on the blocking pool: a device may wait on drives.
+//! with its data (a write's, already fetched into a pool buffer) and gets back a status, or a
+//! read's data in a pool buffer to send from. On a core (docs/DATAPATH.md) every device call is
+//! the device's completion-based `*_async` method, awaited in the command's task; elsewhere (a
+//! transport not yet on the cores) the synchronous call runs on the blocking pool, because a
+//! device may wait on drives and must not stall a shared runtime's worker.
 
 use crate::cmd::{self, io, Sqe, Status};
-use crate::model::{Ns, Subsystem, BUF_UNIT};
+use crate::model::{Ns, Subsystem};
+use millrace_block::BlockDevice;
 use millrace_io::{BufPool, IoBuf};
+use std::io::Result as IoResult;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-
-/// Where a read's data buffer comes from.
-#[derive(Clone)]
-pub(crate) enum ReadBuffers {
-    /// A buffer of its own, counted against the target's buffer budget (NVMe/TCP copies the
-    /// data into its socket anyway).
-    Accounted(Arc<Semaphore>),
-    /// A buffer of the data path's pool, which the transport reaches without a copy (NVMe/RDMA
-    /// registered the pool with the device).
-    Pool(BufPool),
-}
 
 /// How an I/O command ended.
 pub enum IoDone {
     Status(Status),
-    /// Success with data for the host; the permit (if any) holds its place in the budget until
-    /// the data is sent.
+    /// Success with data for the host, in a buffer of the pool.
     Read {
         data: IoBuf,
-        permit: Option<OwnedSemaphorePermit>,
     },
 }
 
@@ -40,7 +31,66 @@ pub struct IoCommand {
     pub(crate) data: Option<IoBuf>,
     pub(crate) c2h_len: usize,
     pub(crate) max_transfer: usize,
-    pub(crate) bufs: ReadBuffers,
+    pub(crate) pool: BufPool,
+}
+
+fn on_core() -> bool {
+    millrace_io::current_core().is_some()
+}
+
+fn unfinished(e: tokio::task::JoinError) -> std::io::Error {
+    std::io::Error::other(format!("the device call did not finish: {e}"))
+}
+
+/// Reads into `buf` (its whole length).
+async fn dev_read(dev: &Arc<dyn BlockDevice>, off: u64, mut buf: IoBuf) -> (IoResult<()>, IoBuf) {
+    if on_core() {
+        return dev.read_async(off, buf).await;
+    }
+    let d = dev.clone();
+    let j = tokio::task::spawn_blocking(move || (d.read_at(off, &mut buf), buf)).await;
+    j.unwrap_or_else(|e| (Err(unfinished(e)), IoBuf::standalone(0)))
+}
+
+/// Writes `buf`; with `fua` the data is durable when this returns.
+async fn dev_write(dev: &Arc<dyn BlockDevice>, off: u64, buf: IoBuf, fua: bool) -> IoResult<()> {
+    if on_core() {
+        return dev.write_async(off, buf, fua).await.0;
+    }
+    let d = dev.clone();
+    let j = tokio::task::spawn_blocking(move || {
+        d.write_at(off, &buf)?;
+        if fua {
+            d.flush()?;
+        }
+        Ok(())
+    });
+    j.await.unwrap_or_else(|e| Err(unfinished(e)))
+}
+
+/// The calls that move no data.
+#[derive(Clone, Copy)]
+enum Op {
+    Flush,
+    Discard(u64, u64),
+    Zeroes(u64, u64),
+}
+
+async fn dev_op(dev: &Arc<dyn BlockDevice>, op: Op) -> IoResult<()> {
+    if on_core() {
+        return match op {
+            Op::Flush => dev.flush_async().await,
+            Op::Discard(o, l) => dev.discard_async(o, l).await,
+            Op::Zeroes(o, l) => dev.write_zeroes_async(o, l).await,
+        };
+    }
+    let d = dev.clone();
+    let j = tokio::task::spawn_blocking(move || match op {
+        Op::Flush => d.flush(),
+        Op::Discard(o, l) => d.discard(o, l),
+        Op::Zeroes(o, l) => d.write_zeroes(o, l),
+    });
+    j.await.unwrap_or_else(|e| Err(unfinished(e)))
 }
 
 fn status_of(e: &std::io::Error, read: bool) -> Status {
@@ -72,61 +122,22 @@ impl IoCommand {
         cmd::lba_range(slba, blocks, self.ns.blocks, self.ns.lba_shift)
     }
 
-    async fn blocking<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&dyn millrace_block::BlockDevice) -> std::io::Result<T> + Send + 'static,
-    ) -> std::io::Result<T> {
-        let dev = self.ns.dev.clone();
-        match tokio::task::spawn_blocking(move || f(dev.as_ref())).await {
-            Ok(r) => r,
-            Err(e) => Err(std::io::Error::other(format!(
-                "the device call did not finish: {e}"
-            ))),
-        }
-    }
-
     async fn go(&self, data: Option<IoBuf>) -> Result<IoDone, Status> {
         let s = &self.sqe;
         match s.opcode() {
             io::READ => self.read().await,
-            io::WRITE => {
-                let (off, len) = self.range(s.slba(), s.nlb() as u64)?;
-                let data = data.unwrap_or_else(|| IoBuf::standalone(0));
-                if data.len() as u64 != len {
-                    return Err(Status::DATA_SGL_LENGTH_INVALID);
-                }
-                let fua = s.cdw(12) & (1 << 30) != 0;
-                self.blocking(move |d| {
-                    d.write_at(off, &data)?;
-                    if fua {
-                        d.flush()?;
-                    }
-                    Ok(())
-                })
-                .await
-                .map_err(|e| {
-                    tracing::warn!("a write of {len} bytes at {off} failed: {e}");
-                    status_of(&e, false)
-                })?;
-                let io_ctr = &self.subsys.io;
-                io_ctr.write_commands.fetch_add(1, Ordering::Relaxed);
-                io_ctr.bytes_written.fetch_add(len, Ordering::Relaxed);
-                Ok(IoDone::Status(Status::SUCCESS))
-            }
+            io::WRITE => self.write(data).await,
             io::FLUSH => self.flush().await,
             io::WRITE_ZEROES => {
                 let (off, len) = self.range(s.slba(), s.nlb() as u64)?;
                 // DEAC: the host allows deallocation, which reads back as zeroes too.
-                let deac = s.cdw(12) & (1 << 25) != 0;
-                self.blocking(move |d| {
-                    if deac {
-                        d.discard(off, len)
-                    } else {
-                        d.write_zeroes(off, len)
-                    }
-                })
-                .await
-                .map_err(|e| status_of(&e, false))?;
+                let op = match s.cdw(12) & (1 << 25) != 0 {
+                    true => Op::Discard(off, len),
+                    false => Op::Zeroes(off, len),
+                };
+                dev_op(&self.ns.dev, op)
+                    .await
+                    .map_err(|e| status_of(&e, false))?;
                 Ok(IoDone::Status(Status::SUCCESS))
             }
             io::DATASET_MANAGEMENT => self.dataset_management(data).await,
@@ -134,6 +145,25 @@ impl IoCommand {
         }
     }
 
+    async fn write(&self, data: Option<IoBuf>) -> Result<IoDone, Status> {
+        let s = &self.sqe;
+        let (off, len) = self.range(s.slba(), s.nlb() as u64)?;
+        let Some(data) = data.filter(|d| d.len() as u64 == len) else {
+            return Err(Status::DATA_SGL_LENGTH_INVALID);
+        };
+        let fua = s.cdw(12) & (1 << 30) != 0;
+        dev_write(&self.ns.dev, off, data, fua).await.map_err(|e| {
+            tracing::warn!("a write of {len} bytes at {off} failed: {e}");
+            status_of(&e, false)
+        })?;
+        let io_ctr = &self.subsys.io;
+        io_ctr.write_commands.fetch_add(1, Ordering::Relaxed);
+        io_ctr.bytes_written.fetch_add(len, Ordering::Relaxed);
+        Ok(IoDone::Status(Status::SUCCESS))
+    }
+
+    /// Reads into a pool buffer of the command's length (waiting in line for one when the
+    /// pool is short: the back-pressure), which the transport sends from.
     async fn read(&self) -> Result<IoDone, Status> {
         let s = &self.sqe;
         let (off, len) = self.range(s.slba(), s.nlb() as u64)?;
@@ -143,34 +173,11 @@ impl IoCommand {
         if len as usize != self.c2h_len {
             return Err(Status::DATA_SGL_LENGTH_INVALID);
         }
-        let (mut buf, permit) = match &self.bufs {
-            ReadBuffers::Accounted(sem) => {
-                let units = len.div_ceil(BUF_UNIT) as u32;
-                let permit = (sem.clone().acquire_many_owned(units).await)
-                    .map_err(|_| Status::INTERNAL_ERROR)?;
-                (IoBuf::standalone(len as usize), Some(permit))
-            }
-            ReadBuffers::Pool(pool) => {
-                let mut b = pool.get(len as usize).await.map_err(|e| {
-                    tracing::warn!("no buffer for a read of {len} bytes: {e}");
-                    Status::INTERNAL_ERROR
-                })?;
-                b.set_len(len as usize)
-                    .map_err(|_| Status::INTERNAL_ERROR)?;
-                (b, None)
-            }
-        };
-        let (r, buf) = {
-            let dev = self.ns.dev.clone();
-            let j = tokio::task::spawn_blocking(move || {
-                let r = dev.read_at(off, &mut buf);
-                (r, buf)
-            });
-            j.await.map_err(|e| {
-                tracing::warn!("a read of {len} bytes at {off} did not finish: {e}");
-                Status::INTERNAL_ERROR
-            })?
-        };
+        let buf = self.pool.get(len as usize).await.map_err(|e| {
+            tracing::warn!("no buffer for a read of {len} bytes: {e}");
+            Status::INVALID_FIELD
+        })?;
+        let (r, buf) = dev_read(&self.ns.dev, off, buf).await;
         r.map_err(|e| {
             tracing::warn!("a read of {len} bytes at {off} failed: {e}");
             status_of(&e, true)
@@ -178,22 +185,21 @@ impl IoCommand {
         let io_ctr = &self.subsys.io;
         io_ctr.read_commands.fetch_add(1, Ordering::Relaxed);
         io_ctr.bytes_read.fetch_add(len, Ordering::Relaxed);
-        Ok(IoDone::Read { data: buf, permit })
+        Ok(IoDone::Read { data: buf })
     }
 
     async fn flush(&self) -> Result<IoDone, Status> {
-        let all: Vec<_> = if self.sqe.nsid() == u32::MAX {
-            (self.subsys.namespaces.load().iter())
-                .map(|n| n.dev.clone())
-                .collect()
-        } else {
-            vec![self.ns.dev.clone()]
-        };
-        for dev in all {
-            let r = tokio::task::spawn_blocking(move || dev.flush()).await;
-            if !matches!(r, Ok(Ok(()))) {
-                return Err(Status::WRITE_FAULT);
+        if self.sqe.nsid() == u32::MAX {
+            let all = self.subsys.namespaces.load_full();
+            for n in all.iter() {
+                dev_op(&n.dev, Op::Flush)
+                    .await
+                    .map_err(|_| Status::WRITE_FAULT)?;
             }
+        } else {
+            dev_op(&self.ns.dev, Op::Flush)
+                .await
+                .map_err(|_| Status::WRITE_FAULT)?;
         }
         Ok(IoDone::Status(Status::SUCCESS))
     }
@@ -201,10 +207,9 @@ impl IoCommand {
     async fn dataset_management(&self, data: Option<IoBuf>) -> Result<IoDone, Status> {
         let s = &self.sqe;
         let nr = (s.cdw(10) & 0xff) as usize + 1;
-        let data = data.unwrap_or_else(|| IoBuf::standalone(0));
-        if data.len() < nr * cmd::DsmRange::LEN {
+        let Some(data) = data.filter(|d| d.len() >= nr * cmd::DsmRange::LEN) else {
             return Err(Status::DATA_SGL_LENGTH_INVALID);
-        }
+        };
         let deallocate = s.cdw(11) & (1 << 2) != 0;
         if !deallocate {
             // Only hints (integral read/write): nothing to do.
@@ -218,14 +223,12 @@ impl IoCommand {
             }
             ranges.push(self.range(r.slba, r.blocks as u64)?);
         }
-        self.blocking(move |d| {
-            for (off, len) in ranges {
-                d.discard(off, len)?;
-            }
-            Ok(())
-        })
-        .await
-        .map_err(|e| status_of(&e, false))?;
+        drop(data);
+        for (off, len) in ranges {
+            dev_op(&self.ns.dev, Op::Discard(off, len))
+                .await
+                .map_err(|e| status_of(&e, false))?;
+        }
         Ok(IoDone::Status(Status::SUCCESS))
     }
 }

@@ -15,7 +15,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 /// The well-known NQN of a discovery subsystem.
@@ -93,10 +92,19 @@ pub struct TargetConfig {
     pub max_transfer_bytes: u32,
     /// Added to the host's keep-alive timeout before a silent controller is torn down.
     pub keep_alive_grace: Duration,
-    /// All data buffers of all connections together (reads and writes awaiting data).
+    /// The pool of a target given no data path (`Target::set_data_path`): all data buffers
+    /// of all connections together.
     pub max_buffer_bytes: u64,
     /// Most connections at once; further ones are closed at once.
     pub max_connections: usize,
+    /// Most connections at once from one IP address (a host opens one per queue: an admin
+    /// queue and one I/O queue per CPU, per subsystem).
+    pub max_connections_per_address: usize,
+    /// A new connection must finish ICReq and Connect this soon, or it is closed.
+    pub handshake_timeout: Duration,
+    /// A PDU once begun must arrive whole (header and data) this soon, or the connection
+    /// is closed (a host that sends half a PDU holds nothing for long).
+    pub pdu_timeout: Duration,
     /// Grant header and data digests when a host asks for them.
     pub allow_digests: bool,
 }
@@ -113,6 +121,9 @@ impl Default for TargetConfig {
             keep_alive_grace: Duration::from_secs(5),
             max_buffer_bytes: 512 << 20,
             max_connections: 4096,
+            max_connections_per_address: 1024,
+            handshake_timeout: Duration::from_secs(10),
+            pdu_timeout: Duration::from_secs(10),
             allow_digests: true,
         }
     }
@@ -183,6 +194,11 @@ pub struct Stats {
     pub bytes_written: u64,
     pub errors: u64,
     pub protocol_errors: u64,
+    /// Connections closed because a handshake or a PDU did not arrive in time.
+    pub timeouts: u64,
+    /// Connects refused (host not allowed, unknown subsystem, bad data), per transport.
+    pub connects_refused_tcp: u64,
+    pub connects_refused_rdma: u64,
 }
 
 #[derive(Default)]
@@ -193,6 +209,9 @@ pub(crate) struct Counters {
     pub commands: AtomicU64,
     pub errors: AtomicU64,
     pub protocol_errors: AtomicU64,
+    pub timeouts: AtomicU64,
+    pub connects_refused_tcp: AtomicU64,
+    pub connects_refused_rdma: AtomicU64,
 }
 
 /// Per-subsystem I/O counters (the SMART log reports them).
@@ -407,22 +426,85 @@ pub(crate) struct Port {
     pub transport: Transport,
 }
 
+/// The buffers and cores the target's connections run on (docs/DATAPATH.md).
+pub(crate) struct DataPath {
+    pub pool: millrace_io::BufPool,
+    /// None: connections run as tasks of the runtime that accepted them.
+    pub cores: Option<Arc<millrace_io::Cores>>,
+}
+
 pub(crate) struct Inner {
     pub cfg: TargetConfig,
+    /// Set once by `Target::set_data_path`, or made on first use from `max_buffer_bytes`.
+    pub data: std::sync::OnceLock<DataPath>,
     pub subsystems: RwLock<HashMap<String, Arc<Subsystem>>>,
     pub discovery: Arc<Subsystem>,
     pub ports: Mutex<Vec<Port>>,
     pub genctr: AtomicU64,
     pub counters: Counters,
-    pub buffers: Arc<Semaphore>,
+    /// Connections open now per source address (entries go when they reach zero).
+    pub per_address: Mutex<HashMap<std::net::IpAddr, usize>>,
+    /// Refusals are logged at most once a second each kind, with a count of those not logged.
+    pub refusal_log: RateLimit,
+    pub connect_log: RateLimit,
     pub epoch: Instant,
     pub shutdown: CancellationToken,
 }
 
-/// Buffers are accounted in 4 KiB units (so the semaphore's count fits its limit).
-pub(crate) const BUF_UNIT: u64 = 4096;
+/// Lets a log line through at most once a second; counts the ones held back, so the next
+/// line says how many there were (a flood of refusals must not become a flood of log).
+#[derive(Default)]
+pub(crate) struct RateLimit {
+    last_ms: AtomicU64,
+    held: AtomicU64,
+}
+
+impl RateLimit {
+    /// `Some(n)`: log now, mentioning `n` held back since the last line; None: stay quiet.
+    pub fn allow(&self, now_ms: u64) -> Option<u64> {
+        let last = self.last_ms.load(Ordering::Relaxed);
+        let first = last == 0 && self.held.load(Ordering::Relaxed) == 0;
+        if (first || now_ms >= last + 1000)
+            && (self.last_ms)
+                .compare_exchange(last, now_ms.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            return Some(self.held.swap(0, Ordering::Relaxed));
+        }
+        self.held.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}
 
 impl Inner {
+    /// The data path; a target given none gets its own pool of `max_buffer_bytes` (not
+    /// faulted in) and runs connections where they were accepted.
+    pub fn data(&self) -> &DataPath {
+        self.data.get_or_init(|| {
+            let max = (self.cfg.max_transfer_bytes as usize).max(4096);
+            let pool = millrace_io::BufPool::new(&millrace_io::PoolConfig {
+                bytes: (self.cfg.max_buffer_bytes as usize).max(max * 4),
+                slices: 1,
+                max_buf: max,
+                populate: false,
+            })
+            .or_else(|_| {
+                millrace_io::BufPool::new(&millrace_io::PoolConfig {
+                    bytes: max * 4,
+                    slices: 1,
+                    max_buf: max,
+                    populate: false,
+                })
+            })
+            .expect("a small buffer pool can be mapped");
+            DataPath { pool, cores: None }
+        })
+    }
+    /// Largest data transfer of one command: the configured one, within the pool's largest
+    /// buffer (a power of two of 4 KiB pages, as MDTS needs).
+    pub fn max_transfer(&self) -> usize {
+        (self.cfg.max_transfer_bytes as usize).min(self.data().pool.max_buf())
+    }
     pub fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
     }

@@ -6,7 +6,7 @@
 
 use crate::admin;
 use crate::cmd::{self, fctype, io, Sqe, Status, Transfer, CONNECT_DATA_LEN};
-use crate::io_commands::{IoCommand, ReadBuffers};
+use crate::io_commands::IoCommand;
 use crate::model::{Completer, Controller, Inner, Transport, TransportInfo, AERL};
 use millrace_io::{BufPool, IoBuf};
 use std::net::SocketAddr;
@@ -62,7 +62,7 @@ pub struct Session {
     local: Option<SocketAddr>,
     discovery_only: bool,
     completer: Option<Completer>,
-    bufs: ReadBuffers,
+    pool: BufPool,
     q: Option<Bound>,
 }
 
@@ -77,7 +77,7 @@ impl Session {
             kind: Transport::Tcp,
             in_capsule: t.cfg.in_capsule_bytes,
         };
-        let bufs = ReadBuffers::Accounted(t.buffers.clone());
+        let pool = t.data().pool.clone();
         Session {
             t,
             transport,
@@ -85,7 +85,7 @@ impl Session {
             local,
             discovery_only,
             completer: None,
-            bufs,
+            pool,
             q: None,
         }
     }
@@ -94,7 +94,7 @@ impl Session {
     /// transport reaches without a copy).
     pub fn with_transport(mut self, transport: TransportInfo, pool: BufPool) -> Session {
         self.transport = transport;
-        self.bufs = ReadBuffers::Pool(pool);
+        self.pool = pool;
         self
     }
 
@@ -126,9 +126,14 @@ impl Session {
         }
     }
 
+    /// The pool this queue's data buffers come from.
+    pub fn pool(&self) -> &BufPool {
+        &self.pool
+    }
+
     /// Largest data transfer of one command.
     pub fn max_transfer(&self) -> usize {
-        self.t.cfg.max_transfer_bytes as usize
+        self.t.max_transfer()
     }
 
     /// A command arrived: counted, and the controller's keep-alive timer restarts.
@@ -211,7 +216,7 @@ impl Session {
             data,
             c2h_len,
             max_transfer: self.max_transfer(),
-            bufs: self.bufs.clone(),
+            pool: self.pool.clone(),
         })
     }
 
@@ -237,37 +242,79 @@ impl Session {
         }
     }
 
-    /// Fabrics Connect: the only command a fresh queue accepts. Refusals carry the offset of
-    /// the parameter at fault (IPO) and whether it lies in the data (IATTR), as the spec asks.
+    /// Fabrics Connect: the only command a fresh queue accepts. Every refusal is counted
+    /// (under this queue's transport) and logged with the host, its address and the reason.
     fn connect(&mut self, sqe: &Sqe, data: &[u8]) -> (Status, u64) {
+        let mut who = (String::new(), String::new());
+        match self.try_connect(sqe, data, &mut who) {
+            Ok(r) => r,
+            Err((why, reply)) => {
+                let c = &self.t.counters;
+                match self.transport.kind {
+                    Transport::Tcp => {
+                        c.connections_refused.fetch_add(1, Ordering::Relaxed);
+                        c.connects_refused_tcp.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Transport::Rdma => {
+                        c.connects_refused_rdma.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                if let Some(n) = self.t.connect_log.allow(self.t.now_ms()) {
+                    tracing::warn!(peer = %self.peer, transport = self.transport.kind.as_str(), host = %who.0, subsystem = %who.1, "refused a Connect: {why} ({n} more refusals not logged)");
+                }
+                reply
+            }
+        }
+    }
+
+    /// Connect's checks; `Err` is the reason (a sentence) and the refusal to send. Refusals
+    /// carry the offset of the parameter at fault (IPO) and whether it lies in the data
+    /// (IATTR), as the spec asks. `who` learns the host and subsystem NQNs once decoded.
+    fn try_connect(
+        &mut self,
+        sqe: &Sqe,
+        data: &[u8],
+        who: &mut (String, String),
+    ) -> Result<(Status, u64), (String, (Status, u64))> {
+        let no = |why: &str, r: (Status, u64)| Err((why.to_string(), r));
         if self.q.is_some() {
-            return (Status::COMMAND_SEQUENCE_ERROR, 0);
+            return no(
+                "the queue is already connected",
+                (Status::COMMAND_SEQUENCE_ERROR, 0),
+            );
         }
         if sqe.connect_recfmt() != 0 {
-            return (Status::CONNECT_INCOMPATIBLE_FORMAT, 0);
+            return no(
+                "an unknown record format",
+                (Status::CONNECT_INCOMPATIBLE_FORMAT, 0),
+            );
         }
         if data.len() < CONNECT_DATA_LEN {
-            return (Status::DATA_SGL_LENGTH_INVALID, 0);
+            return no(
+                "its data is too short",
+                (Status::DATA_SGL_LENGTH_INVALID, 0),
+            );
         }
         let d = match cmd::ConnectData::decode(data) {
             Ok(d) => d,
-            Err(at) => return bad_data(at),
+            Err(at) => return no(&format!("its data is malformed at byte {at} (an NQN that is not NUL-terminated UTF-8 of at most 223 bytes)"), bad_data(at)),
         };
-        let unknown = || {
-            tracing::info!(peer = %self.peer, host = %d.hostnqn, subsystem = %d.subnqn, "refused a connect to an unknown subsystem");
-            self.refused();
-            bad_data(cmd::CONNECT_DATA_SUBNQN)
-        };
+        *who = (d.hostnqn.clone(), d.subnqn.clone());
         let Some(s) = self.t.lookup(&d.subnqn) else {
-            return unknown();
+            return no("no such subsystem", bad_data(cmd::CONNECT_DATA_SUBNQN));
         };
         if self.discovery_only && !s.discovery {
-            return unknown();
+            return no(
+                "this port serves only discovery",
+                bad_data(cmd::CONNECT_DATA_SUBNQN),
+            );
         }
         if !s.host_allowed(&d.hostnqn) {
-            tracing::warn!(peer = %self.peer, transport = self.transport.kind.as_str(), host = %d.hostnqn, subsystem = %d.subnqn, "refused a connect from a host that is not allowed");
-            self.refused();
-            return bad_host();
+            let why = match d.hostnqn.is_empty() {
+                true => "an empty host NQN, which only a subsystem open to any host accepts",
+                false => "the host is not allowed",
+            };
+            return no(why, bad_host());
         }
         let qid = sqe.connect_qid();
         let sqsize = sqe.connect_sqsize() as usize;
@@ -275,24 +322,24 @@ impl Session {
             return self.connect_admin(&s, &d, sqe, sqsize);
         }
         if s.discovery {
-            return bad_sqe(42);
+            return no("a discovery controller has no I/O queues", bad_sqe(42));
         }
         let Some(ctrl) = s.controllers.lock().by_id.get(&d.cntlid).cloned() else {
-            return bad_data(cmd::CONNECT_DATA_CNTLID);
+            return no("no such controller", bad_data(cmd::CONNECT_DATA_CNTLID));
         };
         if ctrl.hostnqn != d.hostnqn || ctrl.hostid != d.hostid {
-            return bad_host();
+            return no("the controller belongs to another host", bad_host());
         }
         if qid > ctrl.io_queues.load(Ordering::Relaxed) {
-            return bad_sqe(42);
+            return no("a queue id beyond those granted", bad_sqe(42));
         }
         if sqsize == 0 || sqsize >= self.t.cfg.max_queue_depth as usize {
-            return bad_sqe(44);
+            return no("a queue size out of range", bad_sqe(44));
         }
         {
             let mut q = ctrl.io_qids.lock();
             if q.contains(&qid) {
-                return bad_sqe(42);
+                return no("the queue id is already connected", bad_sqe(42));
             }
             q.push(qid);
         }
@@ -302,11 +349,7 @@ impl Session {
             qid,
             depth: sqsize + 1,
         });
-        (Status::SUCCESS, d.cntlid as u64)
-    }
-
-    fn refused(&self) {
-        (self.t.counters.connections_refused).fetch_add(1, Ordering::Relaxed);
+        Ok((Status::SUCCESS, d.cntlid as u64))
     }
 
     fn connect_admin(
@@ -315,12 +358,15 @@ impl Session {
         d: &cmd::ConnectData,
         sqe: &Sqe,
         sqsize: usize,
-    ) -> (Status, u64) {
+    ) -> Result<(Status, u64), (String, (Status, u64))> {
         if sqsize == 0 || sqsize >= self.t.cfg.admin_queue_depth.max(2) as usize {
-            return bad_sqe(44);
+            return Err(("an admin queue size out of range".into(), bad_sqe(44)));
         }
         if d.cntlid != 0xffff && d.cntlid != 0xfffe {
-            return bad_data(cmd::CONNECT_DATA_CNTLID);
+            return Err((
+                "an admin queue must ask for a new controller".into(),
+                bad_data(cmd::CONNECT_DATA_CNTLID),
+            ));
         }
         let kato = sqe.connect_kato();
         let Some(ctrl) = (self.t).new_controller(
@@ -331,7 +377,10 @@ impl Session {
             self.transport.kind,
             kato,
         ) else {
-            return (Status::CONNECT_CONTROLLER_BUSY, 0);
+            return Err((
+                "the subsystem has no controller id left".into(),
+                (Status::CONNECT_CONTROLLER_BUSY, 0),
+            ));
         };
         ctrl.aen.lock().tx = self.completer.clone();
         tracing::info!(peer = %self.peer, transport = self.transport.kind.as_str(), host = %d.hostnqn, subsystem = %d.subnqn, cntlid = ctrl.cntlid, "a host connected its admin queue");
@@ -341,7 +390,7 @@ impl Session {
             qid: 0,
             depth: sqsize + 1,
         });
-        (Status::SUCCESS, id as u64)
+        Ok((Status::SUCCESS, id as u64))
     }
 
     fn admin(&mut self, ctrl: &Arc<Controller>, sqe: &Sqe, data: Option<&[u8]>) -> Action {

@@ -5,8 +5,7 @@
 
 use crate::model::{
     Controllers, Counters, Error, HostInfo, Inner, IoCounters, Namespace, NamespaceInfo, Ns, Port,
-    Stats, Subsystem, SubsystemConfig, SubsystemInfo, TargetConfig, Transport, BUF_UNIT,
-    DISCOVERY_NQN,
+    Stats, Subsystem, SubsystemConfig, SubsystemInfo, TargetConfig, Transport, DISCOVERY_NQN,
 };
 use crate::session::Session;
 use crate::tcp;
@@ -19,7 +18,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 /// An NVMe-oF target (NVMe/TCP here, other transports through [`Target::session`]). Cheap to clone; every clone is the same target.
@@ -40,7 +38,6 @@ fn check_nqn(nqn: &str) -> Result<(), Error> {
 
 impl Target {
     pub fn new(cfg: TargetConfig) -> Target {
-        let units = (cfg.max_buffer_bytes / BUF_UNIT).clamp(1, Semaphore::MAX_PERMITS as u64);
         let discovery = Arc::new(Subsystem {
             nqn: DISCOVERY_NQN.into(),
             serial: "millrace-discovery".into(),
@@ -60,7 +57,10 @@ impl Target {
                 ports: Mutex::new(Vec::new()),
                 genctr: AtomicU64::new(1),
                 counters: Counters::default(),
-                buffers: Arc::new(Semaphore::new(units as usize)),
+                per_address: Mutex::new(HashMap::new()),
+                refusal_log: Default::default(),
+                connect_log: Default::default(),
+                data: std::sync::OnceLock::new(),
                 epoch: Instant::now(),
                 shutdown: CancellationToken::new(),
             }),
@@ -69,6 +69,25 @@ impl Target {
 
     pub fn config(&self) -> &TargetConfig {
         &self.inner.cfg
+    }
+
+    /// Runs the target's NVMe/TCP connections on `cores` (each connection on one core, its
+    /// device calls completing there) with their data in `pool`, whose largest buffer caps the
+    /// transfer size advertised (MDTS). Call it before `serve`; a second call is refused. A
+    /// target given none makes its own pool and serves on the runtime that accepts.
+    pub fn set_data_path(
+        &self,
+        pool: millrace_io::BufPool,
+        cores: Option<Arc<millrace_io::Cores>>,
+    ) -> Result<(), Error> {
+        (self.inner.data)
+            .set(crate::model::DataPath { pool, cores })
+            .map_err(|_| Error::Invalid("the target's data path is already set".into()))
+    }
+
+    /// The pool the target's data buffers come from.
+    pub fn pool(&self) -> millrace_io::BufPool {
+        self.inner.data().pool.clone()
     }
 
     pub fn add_subsystem(&self, s: SubsystemConfig) -> Result<(), Error> {
@@ -340,6 +359,9 @@ impl Target {
             commands: r(&c.commands),
             errors: r(&c.errors),
             protocol_errors: r(&c.protocol_errors),
+            timeouts: r(&c.timeouts),
+            connects_refused_tcp: r(&c.connects_refused_tcp),
+            connects_refused_rdma: r(&c.connects_refused_rdma),
             ..Default::default()
         };
         for sub in self.inner.subsystems.read().values() {
@@ -376,34 +398,109 @@ impl Target {
     }
 
     async fn accept_loop(&self, listener: TcpListener, discovery_only: bool) -> io::Result<()> {
+        let mut backoff = Duration::from_millis(10);
         loop {
             let (sock, peer) = tokio::select! {
                 _ = self.inner.shutdown.cancelled() => return Ok(()),
                 r = listener.accept() => match r {
                     Ok(x) => x,
                     Err(e) => {
-                        // Out of descriptors and the like pass; keep serving the others.
-                        tracing::warn!("accepting a connection failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        // Out of descriptors (EMFILE, ENFILE) and the like pass: back off (up
+                        // to a second) and keep serving the connections already open.
+                        if let Some(n) = self.inner.refusal_log.allow(self.inner.now_ms()) {
+                            tracing::warn!("accepting an NVMe/TCP connection failed ({n} more not logged): {e}; retrying in {backoff:?}");
+                        }
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(1));
                         continue;
                     }
                 },
             };
-            let c = &self.inner.counters;
-            if c.connections_open.load(Ordering::Relaxed) as usize >= self.inner.cfg.max_connections
-            {
-                c.connections_refused.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%peer, "refusing a connection: the target already has its maximum");
+            backoff = Duration::from_millis(10);
+            let Some(slot) = Admitted::take(&self.inner, peer) else {
                 continue;
-            }
-            c.connections_open.fetch_add(1, Ordering::Relaxed);
-            c.connections_total.fetch_add(1, Ordering::Relaxed);
+            };
             let t = self.inner.clone();
-            tokio::spawn(async move {
-                tcp::serve_connection(t.clone(), sock, peer, discovery_only).await;
-                t.counters.connections_open.fetch_sub(1, Ordering::Relaxed);
-            });
+            match &self.inner.data().cores {
+                Some(cores) => {
+                    // The connection leaves this runtime for a core, where it stays.
+                    let Ok(std) = sock.into_std() else { continue };
+                    cores.spawn(move || async move {
+                        let _slot = slot;
+                        match tokio::net::TcpStream::from_std(std) {
+                            Ok(sock) => tcp::serve_connection(t, sock, peer, discovery_only).await,
+                            Err(e) => {
+                                tracing::warn!(%peer, "cannot serve a connection on a core: {e}")
+                            }
+                        }
+                    });
+                }
+                None => {
+                    tokio::spawn(async move {
+                        let _slot = slot;
+                        tcp::serve_connection(t, sock, peer, discovery_only).await;
+                    });
+                }
+            }
         }
+    }
+}
+
+/// A connection's place under the target's limits (in total and per source address), given
+/// back when the connection ends, on whichever thread that is.
+struct Admitted {
+    t: Arc<Inner>,
+    ip: std::net::IpAddr,
+}
+
+impl Admitted {
+    fn take(t: &Arc<Inner>, peer: SocketAddr) -> Option<Admitted> {
+        let c = &t.counters;
+        let ip = peer.ip();
+        let why = {
+            let mut per = t.per_address.lock();
+            let n = per.get(&ip).copied().unwrap_or(0);
+            if c.connections_open.load(Ordering::Relaxed) as usize >= t.cfg.max_connections {
+                Some(format!(
+                    "the target already has its maximum of {} connections",
+                    t.cfg.max_connections
+                ))
+            } else if n >= t.cfg.max_connections_per_address {
+                Some(format!(
+                    "{ip} already has its maximum of {} connections",
+                    t.cfg.max_connections_per_address
+                ))
+            } else {
+                per.insert(ip, n + 1);
+                c.connections_open.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        };
+        if let Some(why) = why {
+            c.connections_refused.fetch_add(1, Ordering::Relaxed);
+            if let Some(n) = t.refusal_log.allow(t.now_ms()) {
+                tracing::warn!(%peer, "refusing an NVMe/TCP connection: {why} ({n} more refusals not logged)");
+            }
+            return None;
+        }
+        c.connections_total.fetch_add(1, Ordering::Relaxed);
+        Some(Admitted { t: t.clone(), ip })
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut per = self.t.per_address.lock();
+        if let Some(n) = per.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                per.remove(&self.ip);
+            }
+        }
+        self.t
+            .counters
+            .connections_open
+            .fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -1,15 +1,17 @@
-//! The NVMe/TCP transport: one TCP connection = one NVMe queue (admin or I/O). A reader task
-//! parses PDUs and places data; the queue's [`Session`] handles each command; I/O commands run
-//! in their own tasks (device calls on the blocking pool); a writer task owns the socket's
-//! sending half and batches PDUs. Nothing here is shared with other connections except what
+//! The NVMe/TCP transport: one TCP connection = one NVMe queue (admin or I/O), served on one
+//! core (docs/DATAPATH.md). A reader task parses PDUs and receives each command's data straight
+//! into a buffer of the pool; the queue's [`Session`] handles each command; I/O commands run in
+//! their own tasks on the same core, awaiting the device's completion; a writer task owns the
+//! socket's sending half and sends batches of PDUs with vectored writes, read data straight
+//! from the buffer the device filled. Nothing here is shared with other connections except what
 //! the session reaches (the controller and the namespaces, lock-free on the I/O path).
 
 use crate::cmd::{self, Cqe, Sqe, Status, Transfer};
 use crate::io_commands::IoDone;
-use crate::model::{Inner, BUF_UNIT};
+use crate::model::Inner;
 use crate::pdu::{
-    self, encode, encode_head, read_data, read_head, DataHdr, Frame, Head, IcResp, Negotiated,
-    PduError, R2t, ReadError, Side,
+    self, encode, read_data, read_head, DataHdr, Frame, Head, IcResp, Negotiated, PduError, R2t,
+    ReadError, Side,
 };
 use crate::session::{Action, Session};
 use millrace_io::IoBuf;
@@ -18,14 +20,12 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
-use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
 
-/// A host must send its ICReq this soon after connecting.
-const IC_TIMEOUT: Duration = Duration::from_secs(10);
 /// Admin queues take 8 KiB of in-capsule data: hosts send Connect data and small admin
 /// payloads that way without asking.
 const ADMIN_IN_CAPSULE: usize = 8192;
@@ -39,7 +39,6 @@ pub(crate) enum Out {
     Data {
         cqe: Cqe,
         data: IoBuf,
-        _permit: Option<OwnedSemaphorePermit>,
     },
     R2t(R2t),
     /// A fatal error: send a C2HTermReq and close.
@@ -72,18 +71,11 @@ impl Replier {
         c.sqid = self.qid;
         let _ = self.tx.send(Out::Resp(c)).await;
     }
-    async fn data(&self, cid: u16, data: IoBuf, permit: Option<OwnedSemaphorePermit>) {
+    async fn data(&self, cid: u16, data: IoBuf) {
         self.inflight.fetch_sub(1, Ordering::Relaxed);
         let mut c = Cqe::new(cid, Status::SUCCESS, 0);
         c.sqid = self.qid;
-        let _ = self
-            .tx
-            .send(Out::Data {
-                cqe: c,
-                data,
-                _permit: permit,
-            })
-            .await;
+        let _ = self.tx.send(Out::Data { cqe: c, data }).await;
     }
 }
 
@@ -93,7 +85,6 @@ struct Pending {
     buf: IoBuf,
     received: usize,
     digest_error: bool,
-    permit: Option<OwnedSemaphorePermit>,
 }
 
 /// Why the reader stops.
@@ -119,8 +110,12 @@ struct Conn {
     reply: Replier,
     session: Session,
     pending: Arc<Mutex<HashMap<u16, Pending>>>,
+    /// Transfers waiting for a pool buffer before their R2T (each becomes `pending`).
+    r2t_waiting: Arc<AtomicUsize>,
     sqhd: Arc<AtomicU16>,
     closing: bool,
+    /// Before this the queue must be connected (ICReq and Connect), or it is closed.
+    handshake_deadline: Instant,
 }
 
 pub(crate) async fn serve_connection(
@@ -133,8 +128,9 @@ pub(crate) async fn serve_connection(
     let local = sock.local_addr().ok();
     let (rd, mut wr) = sock.into_split();
     let mut rd = BufReader::with_capacity(64 * 1024, rd);
-    let ic = tokio::time::timeout(
-        IC_TIMEOUT,
+    let handshake_deadline = Instant::now() + t.cfg.handshake_timeout;
+    let ic = tokio::time::timeout_at(
+        handshake_deadline,
         read_head(&mut rd, Side::Controller, &Negotiated::initial()),
     )
     .await;
@@ -183,7 +179,12 @@ pub(crate) async fn serve_connection(
     let (tx, rx) = mpsc::channel(depth * 2 + 16);
     let sqhd = Arc::new(AtomicU16::new(0));
     let align = (ic.hpda as usize + 1) * 4;
-    let writer = tokio::spawn(writer(wr, rx, hdgst, ddgst, align, sqhd.clone()));
+    let fmt = Fmt {
+        hdgst,
+        ddgst,
+        align,
+    };
+    let writer = tokio::spawn(writer(wr, rx, fmt, sqhd.clone()));
     let reply = Replier {
         tx,
         inflight: Arc::new(AtomicUsize::new(0)),
@@ -201,8 +202,10 @@ pub(crate) async fn serve_connection(
         reply,
         session,
         pending: Arc::new(Mutex::new(HashMap::new())),
+        r2t_waiting: Arc::new(AtomicUsize::new(0)),
         sqhd,
         closing: false,
+        handshake_deadline,
     };
     let stop = c.run().await;
     if let Stop::Fatal(e, hdr) = stop {
@@ -245,21 +248,122 @@ fn term(fes: u16, fei: u32, hdr: &[u8]) -> Vec<u8> {
     )
 }
 
-async fn writer(
-    wr: OwnedWriteHalf,
-    mut rx: mpsc::Receiver<Out>,
+/// What the writer has queued and not yet sent: small PDUs and headers in one byte buffer, and
+/// read data in the pool buffers the device filled, sent between them by one vectored write.
+#[derive(Default)]
+struct Gather {
+    bytes: Vec<u8>,
+    bufs: Vec<IoBuf>,
+    parts: Vec<Part>,
+}
+
+#[derive(Clone, Copy)]
+enum Part {
+    Bytes(usize, usize),
+    Buf(usize, usize, usize),
+}
+
+/// Slices one vectored write passes at most.
+const IOV_MAX: usize = 64;
+
+impl Gather {
+    fn push_bytes(&mut self, b: &[u8]) {
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(b);
+        match self.parts.last_mut() {
+            Some(Part::Bytes(_, end)) if *end == start => *end = self.bytes.len(),
+            _ => self.parts.push(Part::Bytes(start, self.bytes.len())),
+        }
+    }
+
+    fn slice(&self, p: Part) -> &[u8] {
+        match p {
+            Part::Bytes(a, b) => &self.bytes[a..b],
+            Part::Buf(i, a, b) => &self.bufs[i][a..b],
+        }
+    }
+
+    /// C2HData PDUs carrying `data` (headers and digests here, the data itself by reference),
+    /// then the response capsule.
+    fn push_data(&mut self, cqe: &Cqe, data: IoBuf, f: &Fmt) {
+        let i = self.bufs.len();
+        let len = data.len();
+        self.bufs.push(data);
+        let mut off = 0;
+        while off < len {
+            let n = (len - off).min(MAX_C2H_PDU);
+            let h = DataHdr {
+                cccid: cqe.cid,
+                ttag: 0,
+                datao: off as u32,
+                datal: n as u32,
+                last: off + n == len,
+                success: false,
+            };
+            let chunk = &self.bufs[i][off..off + n];
+            let head = pdu::encode_head(&Head::C2HData(h), chunk, f.hdgst, f.ddgst, f.align);
+            let dg = f.ddgst.then(|| pdu::digest(chunk).to_le_bytes());
+            self.push_bytes(&head);
+            self.parts.push(Part::Buf(i, off, off + n));
+            if let Some(d) = dg {
+                self.push_bytes(&d);
+            }
+            off += n;
+        }
+    }
+
+    fn is_big(&self) -> bool {
+        self.bytes.len() >= 64 * 1024 || self.parts.len() >= IOV_MAX
+    }
+
+    /// Sends everything queued, then lets the buffers go back to the pool.
+    async fn flush(&mut self, w: &mut OwnedWriteHalf) -> std::io::Result<()> {
+        let (mut i, mut skip) = (0, 0);
+        while i < self.parts.len() {
+            let mut iov = [std::io::IoSlice::new(&[]); IOV_MAX];
+            let mut n = 0;
+            for (k, p) in self.parts[i..].iter().take(IOV_MAX).enumerate() {
+                let s = self.slice(*p);
+                iov[k] = std::io::IoSlice::new(if k == 0 { &s[skip..] } else { s });
+                n += 1;
+            }
+            let mut wrote = w.write_vectored(&iov[..n]).await?;
+            if wrote == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            while wrote > 0 {
+                let left = self.slice(self.parts[i]).len() - skip;
+                if wrote >= left {
+                    wrote -= left;
+                    (i, skip) = (i + 1, 0);
+                } else {
+                    skip += wrote;
+                    wrote = 0;
+                }
+            }
+        }
+        self.parts.clear();
+        self.bytes.clear();
+        self.bufs.clear();
+        Ok(())
+    }
+}
+
+/// The digests and alignment the connection agreed on.
+struct Fmt {
     hdgst: bool,
     ddgst: bool,
     align: usize,
-    sqhd: Arc<AtomicU16>,
-) {
-    let mut w = BufWriter::with_capacity(64 * 1024, wr);
+}
+
+async fn writer(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Out>, f: Fmt, sqhd: Arc<AtomicU16>) {
+    let mut g = Gather::default();
     loop {
-        // Batch: write whatever is queued, flush only when the queue runs dry.
+        // Batch: queue whatever is waiting, send when the queue runs dry or the batch is big.
         let msg = match rx.try_recv() {
             Ok(m) => m,
             Err(mpsc::error::TryRecvError::Empty) => {
-                if w.flush().await.is_err() {
+                if g.flush(&mut wr).await.is_err() {
                     return;
                 }
                 match rx.recv().await {
@@ -269,61 +373,29 @@ async fn writer(
             }
             Err(mpsc::error::TryRecvError::Disconnected) => break,
         };
-        let r: std::io::Result<()> = async {
-            match msg {
-                Out::Resp(mut c) => {
-                    c.sqhd = sqhd.load(Ordering::Relaxed);
-                    w.write_all(&encode(&Head::Resp(c), &[], hdgst, ddgst, align))
-                        .await?;
-                }
-                Out::Data { mut cqe, data, .. } => {
-                    let mut off = 0;
-                    while off < data.len() {
-                        let n = (data.len() - off).min(MAX_C2H_PDU);
-                        let chunk = &data[off..off + n];
-                        let h = DataHdr {
-                            cccid: cqe.cid,
-                            ttag: 0,
-                            datao: off as u32,
-                            datal: n as u32,
-                            last: off + n == data.len(),
-                            success: false,
-                        };
-                        w.write_all(&encode_head(&Head::C2HData(h), chunk, hdgst, ddgst, align))
-                            .await?;
-                        w.write_all(chunk).await?;
-                        if ddgst {
-                            w.write_all(&pdu::digest(chunk).to_le_bytes()).await?;
-                        }
-                        off += n;
-                    }
-                    cqe.sqhd = sqhd.load(Ordering::Relaxed);
-                    w.write_all(&encode(&Head::Resp(cqe), &[], hdgst, ddgst, align))
-                        .await?;
-                }
-                Out::R2t(r) => {
-                    w.write_all(&encode(&Head::R2t(r), &[], hdgst, ddgst, align))
-                        .await?;
-                }
-                Out::Term { fes, fei, hdr } => {
-                    w.write_all(&term(fes, fei, &hdr)).await?;
-                    w.flush().await?;
-                    return Err(std::io::ErrorKind::ConnectionAborted.into());
-                }
-                Out::Close => {
-                    w.flush().await?;
-                    return Err(std::io::ErrorKind::ConnectionAborted.into());
-                }
+        let resp = |mut c: Cqe| {
+            c.sqhd = sqhd.load(Ordering::Relaxed);
+            encode(&Head::Resp(c), &[], f.hdgst, f.ddgst, f.align)
+        };
+        match msg {
+            Out::Resp(c) => g.push_bytes(&resp(c)),
+            Out::Data { cqe, data } => {
+                g.push_data(&cqe, data, &f);
+                g.push_bytes(&resp(cqe));
             }
-            Ok(())
+            Out::R2t(r) => g.push_bytes(&encode(&Head::R2t(r), &[], f.hdgst, f.ddgst, f.align)),
+            Out::Term { fes, fei, hdr } => {
+                g.push_bytes(&term(fes, fei, &hdr));
+                break;
+            }
+            Out::Close => break,
         }
-        .await;
-        if r.is_err() {
-            break;
+        if g.is_big() && g.flush(&mut wr).await.is_err() {
+            return;
         }
     }
-    let _ = w.flush().await;
-    let _ = w.into_inner().shutdown().await;
+    let _ = g.flush(&mut wr).await;
+    let _ = wr.shutdown().await;
 }
 
 impl Conn {
@@ -333,14 +405,19 @@ impl Conn {
                 return Stop::Quiet;
             }
             let dead = self.session.closing();
-            let r = tokio::select! {
+            tokio::select! {
                 _ = dead.cancelled() => return Stop::Quiet,
-                r = read_head(&mut self.rd, Side::Controller, &self.neg) => r,
+                r = self.next_pdu_begins() => if let Err(s) = r { return s },
             };
-            let (head, f, raw) = match r {
-                Ok(x) => x,
-                Err(ReadError::Io(_)) => return Stop::Quiet,
-                Err(ReadError::Pdu(e)) => return Stop::Fatal(e, Vec::new()),
+            let r = tokio::time::timeout(
+                self.t.cfg.pdu_timeout,
+                read_head(&mut self.rd, Side::Controller, &self.neg),
+            );
+            let (head, f, raw) = match r.await {
+                Ok(Ok(x)) => x,
+                Ok(Err(ReadError::Io(_))) => return Stop::Quiet,
+                Ok(Err(ReadError::Pdu(e))) => return Stop::Fatal(e, Vec::new()),
+                Err(_) => return self.timed_out("the rest of a PDU's header"),
             };
             let step = match head {
                 Head::Cmd(sqe) => self.capsule(sqe, &f, raw).await,
@@ -357,6 +434,41 @@ impl Conn {
         }
     }
 
+    /// Waits for the first byte of the next PDU: as long as it takes on a connected queue (an
+    /// idle host sends nothing; keep-alive watches its controller), until the handshake
+    /// deadline on a queue not yet connected.
+    async fn next_pdu_begins(&mut self) -> Result<(), Stop> {
+        let r = match self.session.is_connected() {
+            true => self.rd.fill_buf().await.map(|b| b.is_empty()),
+            false => {
+                match tokio::time::timeout_at(self.handshake_deadline, self.rd.fill_buf()).await {
+                    Ok(r) => r.map(|b| b.is_empty()),
+                    Err(_) => return Err(self.timed_out("a Connect")),
+                }
+            }
+        };
+        match r {
+            Ok(false) => Ok(()),
+            _ => Err(Stop::Quiet),
+        }
+    }
+
+    /// Reads a PDU's data, which must follow its header within the PDU timeout.
+    async fn data(&mut self, f: &Frame, dst: &mut [u8]) -> Result<bool, Stop> {
+        match tokio::time::timeout(self.t.cfg.pdu_timeout, read_data(&mut self.rd, f, dst)).await {
+            Ok(r) => Ok(r?),
+            Err(_) => Err(self.timed_out("a PDU's data")),
+        }
+    }
+
+    fn timed_out(&self, what: &str) -> Stop {
+        self.t.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+        if let Some(n) = self.t.refusal_log.allow(self.t.now_ms()) {
+            tracing::warn!(peer = %self.peer, "closing an NVMe/TCP connection that did not send {what} in time ({n} more not logged)");
+        }
+        Stop::Quiet
+    }
+
     fn in_capsule_limit(&self) -> usize {
         match self.session.qid() {
             0 => ADMIN_IN_CAPSULE.max(self.t.cfg.in_capsule_bytes as usize),
@@ -370,8 +482,11 @@ impl Conn {
         if f.data_len > limit {
             return Err(Stop::Fatal(PduError::TooLarge(f.data_len as u64), raw));
         }
-        let mut icd = IoBuf::standalone(f.data_len);
-        let digest_ok = read_data(&mut self.rd, f, &mut icd).await?;
+        let mut icd = self.in_capsule_buffer(f.data_len).await?;
+        let digest_ok = match icd.as_mut() {
+            Some(b) => self.data(f, b).await?,
+            None => self.data(f, &mut []).await?,
+        };
         let inflight = self.reply.inflight.fetch_add(1, Ordering::Relaxed) + 1;
         if inflight > self.session.depth() {
             // The host ignored the queue size it asked for: nothing sane can follow.
@@ -393,22 +508,20 @@ impl Conn {
                 .await;
             return Ok(());
         }
-        let x = cmd::transfer(&sqe, icd.len(), self.session.max_transfer());
+        let icd_len = icd.as_ref().map_or(0, |b| b.len());
+        let x = cmd::transfer(&sqe, icd_len, self.session.max_transfer());
         let (data, c2h_len) = match x {
             Err(st) => {
                 self.reply.done(cid, st, 0).await;
                 return Ok(());
             }
             Ok(Transfer::None) => (None, 0),
-            Ok(Transfer::InCapsule(r)) => {
-                let data = if r.start == 0 && r.end == icd.len() {
-                    icd
-                } else {
-                    IoBuf::from_slice(&icd[r])
-                };
-                (Some(data), 0)
-            }
-            Ok(Transfer::FromHost(0)) => (Some(IoBuf::standalone(0)), 0),
+            Ok(Transfer::InCapsule(r)) => match icd {
+                Some(b) if r.start == 0 && r.end == b.len() => (Some(b), 0),
+                Some(b) => (Some(IoBuf::from_slice(&b[r])), 0),
+                None => (None, 0),
+            },
+            Ok(Transfer::FromHost(0)) => (None, 0),
             Ok(Transfer::FromHost(len)) => {
                 if let Err(st) = self.session.admit_transfer(&sqe, &Transfer::FromHost(len)) {
                     self.reply.done(cid, st, 0).await;
@@ -418,30 +531,61 @@ impl Conn {
             }
             Ok(Transfer::ToHost(len)) => (None, len),
         };
-        self.execute(sqe, data, c2h_len, None).await;
+        self.execute(sqe, data, c2h_len).await;
         Ok(())
     }
 
-    /// Takes buffer space for a host-to-controller transfer and asks for the data.
+    /// A buffer for `len` bytes of in-capsule data. An I/O queue's come from the pool: the
+    /// reader waits in line for one when the pool is short, which stops reading the socket
+    /// (back-pressure) -- unless this queue holds buffers still waiting for the host's data
+    /// (after our R2Ts, or waiting in line for one), which arrive behind this capsule on the
+    /// same socket: waiting then could never end, so such a capsule's data (at most the
+    /// in-capsule size) goes to a buffer of its own. While the reader waits it starts no
+    /// transfer, so nothing of this queue waits on its socket. Admin and Connect data
+    /// (bounded, small) is never pooled.
+    async fn in_capsule_buffer(&mut self, len: usize) -> Result<Option<IoBuf>, Stop> {
+        if len == 0 {
+            return Ok(None);
+        }
+        if !self.session.is_connected() || self.session.qid() == 0 {
+            return Ok(Some(IoBuf::standalone(len)));
+        }
+        let pool = self.session.pool().clone();
+        let b = match pool.try_get(len) {
+            Ok(Some(b)) => b,
+            Ok(None)
+                if self.pending.lock().is_empty()
+                    && self.r2t_waiting.load(Ordering::Acquire) == 0 =>
+            {
+                let dead = self.session.closing();
+                tokio::select! {
+                    _ = dead.cancelled() => return Err(Stop::Quiet),
+                    b = pool.get(len) => b.map_err(|_| Stop::Quiet)?,
+                }
+            }
+            Ok(None) | Err(_) => IoBuf::standalone(len),
+        };
+        Ok(Some(b))
+    }
+
+    /// Takes a pool buffer for a host-to-controller transfer and asks for the data.
     async fn start_r2t(&mut self, sqe: Sqe, len: usize) -> Result<(), Stop> {
         let cid = sqe.cid();
         if self.pending.lock().contains_key(&cid) {
             self.reply.done(cid, Status::CID_CONFLICT, 0).await;
             return Ok(());
         }
-        let units = (len as u64).div_ceil(BUF_UNIT) as u32;
-        let sem = self.t.buffers.clone();
+        let pool = self.session.pool().clone();
+        let connected = self.session.is_connected();
         let pending = self.pending.clone();
-        let reply = self.reply.clone();
-        let register = move |permit| {
+        let register = move |buf: IoBuf| {
             pending.lock().insert(
                 cid,
                 Pending {
                     sqe,
-                    buf: IoBuf::standalone(len),
+                    buf,
                     received: 0,
                     digest_error: false,
-                    permit,
                 },
             );
             Out::R2t(R2t {
@@ -451,21 +595,41 @@ impl Conn {
                 r2tl: len as u32,
             })
         };
-        match sem.clone().try_acquire_many_owned(units) {
-            Ok(p) => {
-                let out = register(Some(p));
+        if !connected {
+            // Connect's own data (at most CONNECT_DATA_MAX, one per connection): a host not yet
+            // admitted takes nothing from the pool.
+            let out = register(IoBuf::standalone(len));
+            let _ = self.reply.tx.send(out).await;
+            return Ok(());
+        }
+        match pool.try_get(len) {
+            Ok(Some(b)) => {
+                let out = register(b);
                 let _ = self.reply.tx.send(out).await;
             }
-            Err(_) => {
-                // Out of buffer space: wait for it elsewhere so this reader keeps serving the
-                // data that will free it. The host sends nothing for this command until the R2T.
+            Ok(None) => {
+                // The pool is short: wait for it in a task of its own so this reader keeps
+                // receiving the data that will free buffers. The host sends nothing for this
+                // command until the R2T.
+                let reply = self.reply.clone();
+                let dead = self.session.closing();
+                let waiting = self.r2t_waiting.clone();
+                waiting.fetch_add(1, Ordering::AcqRel);
                 tokio::spawn(async move {
-                    if let Ok(p) = sem.acquire_many_owned(units).await {
-                        let out = register(Some(p));
-                        let _ = reply.tx.send(out).await;
+                    tokio::select! {
+                        _ = dead.cancelled() => {}
+                        b = pool.get(len) => if let Ok(b) = b {
+                            // In `pending` before it stops counting as waiting.
+                            let out = register(b);
+                            waiting.fetch_sub(1, Ordering::AcqRel);
+                            let _ = reply.tx.send(out).await;
+                            return;
+                        },
                     }
+                    waiting.fetch_sub(1, Ordering::AcqRel);
                 });
             }
+            Err(_) => self.reply.done(cid, Status::INVALID_FIELD, 0).await,
         }
         Ok(())
     }
@@ -485,7 +649,13 @@ impl Conn {
         if off != p.received || off + f.data_len > p.buf.len() {
             return Err(Stop::Fatal(PduError::OutOfRange, raw));
         }
-        let ok = read_data(&mut self.rd, f, &mut p.buf[off..off + f.data_len]).await?;
+        let ok = match self.data(f, &mut p.buf[off..off + f.data_len]).await {
+            Ok(ok) => ok,
+            Err(s) => {
+                self.pending.lock().insert(d.ttag, p);
+                return Err(s);
+            }
+        };
         p.digest_error |= !ok;
         p.received += f.data_len;
         let complete = p.received == p.buf.len();
@@ -502,17 +672,11 @@ impl Conn {
                 .await;
             return Ok(());
         }
-        self.execute(p.sqe, Some(p.buf), 0, p.permit).await;
+        self.execute(p.sqe, Some(p.buf), 0).await;
         Ok(())
     }
 
-    async fn execute(
-        &mut self,
-        sqe: Sqe,
-        data: Option<IoBuf>,
-        c2h_len: usize,
-        permit: Option<OwnedSemaphorePermit>,
-    ) {
+    async fn execute(&mut self, sqe: Sqe, data: Option<IoBuf>, c2h_len: usize) {
         let cid = sqe.cid();
         let action = self.session.command(&sqe, data, c2h_len);
         // The queue id is known once Connect succeeded: responses, Connect's first, carry it.
@@ -524,10 +688,10 @@ impl Conn {
                 let mut c = Cqe::new(cid, Status::SUCCESS, result);
                 c.sqid = self.reply.qid;
                 self.reply.inflight.fetch_sub(1, Ordering::Relaxed);
+                // Admin data (Identify, log pages): small, and not on the data path.
                 let out = Out::Data {
                     cqe: c,
                     data: IoBuf::from_slice(&data),
-                    _permit: None,
                 };
                 let _ = self.reply.tx.send(out).await;
             }
@@ -540,13 +704,11 @@ impl Conn {
             }
             Action::Io(job) => {
                 let reply = self.reply.clone();
+                // A task of this core: the device's completion wakes it here.
                 tokio::spawn(async move {
-                    let r = job.run().await;
-                    // A write's buffer budget is held until its data is on the device.
-                    drop(permit);
-                    match r {
+                    match job.run().await {
                         IoDone::Status(st) => reply.done(cid, st, 0).await,
-                        IoDone::Read { data, permit } => reply.data(cid, data, permit).await,
+                        IoDone::Read { data } => reply.data(cid, data).await,
                     }
                 });
             }

@@ -11,6 +11,7 @@
 // pools into service brings their exports and shares back); bench, metrics, rdma; api.
 mod api;
 mod bench;
+pub mod datapath;
 mod error;
 mod exports;
 mod http;
@@ -61,6 +62,8 @@ pub struct ServeConfig {
     pub http: HttpLimits,
     /// The most memory one bench run may use for its requests' buffers.
     pub bench_memory: u64,
+    /// The cores and the buffer pool every export's connections run on.
+    pub data_path: datapath::DataPathConfig,
 }
 
 /// The default of `ServeConfig::bench_memory` (`serve --bench-memory`).
@@ -119,6 +122,8 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     // cannot bind (an address in use) leaves the pools as they were, clean.
     let tls = load_tls(&cfg).await?;
     let ports = bind_ports(&cfg).await?;
+    // Sizes are checked and the pool mapped before any pool is touched.
+    let dp = datapath::DataPath::start(&cfg.data_path)?;
     let mut state = tokio::task::spawn_blocking({
         let home = cfg.home.clone();
         move || State::open(&home)
@@ -126,7 +131,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     .await??;
     state.bench_memory = cfg.bench_memory;
     let state = Arc::new(state);
-    let served = serve_opened(&cfg, &state, ports, tls, &sf).await;
+    let served = serve_opened(&cfg, &state, dp, ports, tls, &sf).await;
     eprintln!("millrace serve: stopping");
     shut_down(state, &sf, &nbd_socket(&cfg.home), cfg.http.drain_timeout).await?;
     served
@@ -137,10 +142,18 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
 async fn serve_opened(
     cfg: &ServeConfig,
     state: &Arc<State>,
+    dp: datapath::DataPath,
     ports: Ports,
     tls: Option<Arc<rustls::ServerConfig>>,
     sf: &std::path::Path,
 ) -> Result<()> {
+    (state.nvmf).set_data_path(dp.pool.clone(), Some(dp.cores.clone()))?;
+    // A warning, not a failure: an export's own socket may already have served a client, which
+    // gave the NBD server a core and pool of its own.
+    if let Err(e) = state.nbd.set_data_path(dp.cores.clone(), dp.pool.clone()) {
+        tracing::warn!("NBD keeps its own core and buffer pool: {e}");
+    }
+    let _ = state.data_path.set(dp);
     let api_addr = ports.api.local_addr()?;
     let nvme_at = start_nvme(state, ports.nvme, ports.discovery)?;
     let rdma_at = start_nvme_rdma(state, &cfg.nvme_rdma);
@@ -411,11 +424,17 @@ async fn shut_down(
 fn start_nvme_rdma(state: &Arc<State>, addrs: &[SocketAddr]) -> String {
     let mut up = Vec::new();
     for &addr in addrs {
-        match millrace_nvmf_rdma::serve::listen(
-            &state.nvmf,
-            addr,
-            millrace_nvmf_rdma::serve::DEFAULT_POOL_BYTES,
-        ) {
+        let listening = match state.data_path.get() {
+            Some(dp) => {
+                millrace_nvmf_rdma::serve::listen_with_pool(&state.nvmf, addr, dp.pool.clone())
+            }
+            None => millrace_nvmf_rdma::serve::listen(
+                &state.nvmf,
+                addr,
+                millrace_nvmf_rdma::serve::DEFAULT_POOL_BYTES,
+            ),
+        };
+        match listening {
             Ok(l) => {
                 up.push(l.local_addr().to_string());
                 state.nvme_rdma.lock().push(l);

@@ -301,9 +301,9 @@ fn register_exports(reg: &mut Registry, state: &State) {
     register_nvme_rdma(reg, state, &conns, &opened, &refused);
 }
 
-/// NVMe/RDMA: queues (RDMA connections) of every listener; refusals by the transport (the
-/// target's own, a host not allowed, are counted with nvme-tcp's: one target); and the hosts
-/// connected per transport.
+/// NVMe/RDMA: queues (RDMA connections) of every listener; refusals, by the transport and by
+/// the target (a Connect over RDMA refused: each counted under the transport it came on); and
+/// the hosts connected per transport.
 fn register_nvme_rdma(
     reg: &mut Registry,
     state: &State,
@@ -321,6 +321,7 @@ fn register_nvme_rdma(
         total += t;
         refused_rdma += r;
     }
+    refused_rdma += state.nvmf.stats().connects_refused_rdma;
     conns.get_or_create(&rdma).set(open);
     opened.get_or_create(&rdma).inc_by(total);
     refused.get_or_create(&rdma).inc_by(refused_rdma);
@@ -338,6 +339,64 @@ fn register_nvme_rdma(
     }
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BufL {
+    state: String,
+}
+
+/// The data path's buffer pool (the bound on request payload memory) and the process's RSS.
+fn register_data_path(reg: &mut Registry, state: &State) {
+    if let Some(rss) = crate::datapath::rss_bytes() {
+        let g = Gauge::<i64>::default();
+        g.set(rss as i64);
+        reg.register(
+            "millrace_process_resident_bytes",
+            "Resident memory of the server process (VmRSS)",
+            g,
+        );
+    }
+    let Some(dp) = state.data_path.get() else {
+        return;
+    };
+    let u = dp.usage();
+    let bytes: Family<BufL, Gauge> = family(
+        reg,
+        "millrace_buffer_pool_bytes",
+        "The data path's buffer pool: capacity, in use now, and the most ever in use",
+    );
+    for (s, v) in [
+        ("capacity", u.capacity_bytes),
+        ("in_use", u.in_use_bytes),
+        ("peak", u.peak_bytes),
+    ] {
+        bytes.get_or_create(&BufL { state: s.into() }).set(v as i64);
+    }
+    let c = |name: &str, help: &str, v: u64| {
+        let k = Counter::<u64>::default();
+        k.inc_by(v);
+        (name.to_string(), help.to_string(), k)
+    };
+    for (name, help, k) in [
+        c(
+            "millrace_buffer_pool_gets",
+            "Buffers handed out by the pool",
+            u.gets,
+        ),
+        c(
+            "millrace_buffer_pool_waits",
+            "Requests that waited for buffer space (back-pressure)",
+            u.waits,
+        ),
+        c(
+            "millrace_buffer_pool_refused",
+            "Requests larger than the pool's largest buffer",
+            u.refused,
+        ),
+    ] {
+        reg.register(name, help, k);
+    }
+}
+
 pub fn render(state: &State) -> String {
     let mut reg = Registry::default();
     let pools = PoolFamilies::register(&mut reg);
@@ -346,6 +405,7 @@ pub fn render(state: &State) -> String {
     }
     pools.observe_scrubs(state);
     register_exports(&mut reg, state);
+    register_data_path(&mut reg, state);
     crate::rdma::register_metrics(&mut reg);
     let up = Ratio::default();
     up.set(state.started.elapsed().as_secs_f64());

@@ -41,6 +41,7 @@ impl State {
             unavailable: RwLock::new(BTreeMap::new()),
             nvmf: millrace_nvmf::Target::new(millrace_nvmf::TargetConfig::default()),
             nbd: Arc::new(millrace_nbd::NbdServer::new()),
+            data_path: Default::default(),
             jobs: Jobs::default(),
             meters: Meters::default(),
             nbd_listeners: Default::default(),

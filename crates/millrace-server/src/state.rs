@@ -35,6 +35,8 @@ pub struct State {
     /// The NVMe/RDMA listeners `millrace serve --nvme-rdma` started.
     pub nvme_rdma: parking_lot::Mutex<Vec<millrace_nvmf_rdma::serve::RdmaListener>>,
     pub nbd: Arc<millrace_nbd::NbdServer>,
+    /// The cores and buffer pool of `millrace serve` (unset offline).
+    pub data_path: std::sync::OnceLock<crate::datapath::DataPath>,
     pub jobs: Jobs,
     pub meters: Meters,
     /// Listeners of NBD exports that asked for their own socket or address, by export name.

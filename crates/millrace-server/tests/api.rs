@@ -26,6 +26,16 @@ fn start_in(
     start_with(dir, token, tls, None)
 }
 
+/// Tests start many servers at once: two cores and a 16 MiB pool each, not faulted in.
+fn small_data_path() -> millrace_server::datapath::DataPathConfig {
+    millrace_server::datapath::DataPathConfig {
+        cores: Some(2),
+        cpus: None,
+        buffer_pool_bytes: Some(16 << 20),
+        populate: Some(false),
+    }
+}
+
 fn start_with(
     dir: tempfile::TempDir,
     token: Option<&str>,
@@ -54,6 +64,7 @@ fn start_rdma(
         tls,
         http: Default::default(),
         bench_memory: millrace_server::DEFAULT_BENCH_MEMORY,
+        data_path: small_data_path(),
     };
     std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().unwrap();
@@ -881,6 +892,7 @@ fn a_bad_certificate_stops_the_start_with_a_sentence() {
         }),
         http: Default::default(),
         bench_memory: millrace_server::DEFAULT_BENCH_MEMORY,
+        data_path: small_data_path(),
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     let e = rt.block_on(millrace_server::run(cfg)).unwrap_err();

@@ -65,6 +65,12 @@ fn sigterm_during_heavy_writes_loses_nothing_and_leaves_the_pool_clean() {
         tls: None,
         http: Default::default(),
         bench_memory: millrace_server::DEFAULT_BENCH_MEMORY,
+        data_path: millrace_server::datapath::DataPathConfig {
+            cores: Some(2),
+            cpus: None,
+            buffer_pool_bytes: Some(16 << 20),
+            populate: Some(false),
+        },
     };
     let server = std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().unwrap();

@@ -30,6 +30,12 @@ fn start(http: millrace_server::HttpLimits) -> Server {
         tls: None,
         http,
         bench_memory: millrace_server::DEFAULT_BENCH_MEMORY,
+        data_path: millrace_server::datapath::DataPathConfig {
+            cores: Some(2),
+            cpus: None,
+            buffer_pool_bytes: Some(16 << 20),
+            populate: Some(false),
+        },
     };
     std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().unwrap();

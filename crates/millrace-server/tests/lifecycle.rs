@@ -21,6 +21,12 @@ fn config(home: &Path, api: &str) -> millrace_server::ServeConfig {
         tls: None,
         http: Default::default(),
         bench_memory: millrace_server::DEFAULT_BENCH_MEMORY,
+        data_path: millrace_server::datapath::DataPathConfig {
+            cores: Some(2),
+            cpus: None,
+            buffer_pool_bytes: Some(16 << 20),
+            populate: Some(false),
+        },
     }
 }
 
