@@ -16,8 +16,9 @@ pub const MAX_CORES: usize = 256;
 /// The buffer pool's default size.
 pub const DEFAULT_POOL_BYTES: u64 = 256 << 20;
 /// The largest single request the pool serves (NBD's maximum block size, NVMe's MDTS are
-/// capped by it), unless a pool slice is smaller.
-pub const DEFAULT_MAX_BUF: usize = 8 << 20;
+/// capped by it), unless a pool slice is smaller. 32 MiB is what NBD has always allowed:
+/// clients such as nbdsh send 16 MiB reads without asking for the advertised maximum.
+pub const DEFAULT_MAX_BUF: usize = 32 << 20;
 /// Each core's slice must hold at least this much (one 1 MiB NVMe transfer).
 const MIN_SLICE_BYTES: u64 = 1 << 20;
 /// The pool may not exceed this (the machine's memory is the real limit; this catches typos).
