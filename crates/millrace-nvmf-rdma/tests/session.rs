@@ -120,7 +120,9 @@ async fn a_host_not_allowed_is_refused_as_over_tcp() {
     // IPO: the host NQN's offset in the Connect data (IATTR 1).
     assert_eq!(res, cmd::CONNECT_DATA_HOSTNQN as u64 | 1 << 16);
     assert!(!q.is_connected());
-    assert_eq!(t.stats().connections_refused, 1);
+    // Counted under its own transport, not NVMe/TCP's.
+    assert_eq!(t.stats().connects_refused_rdma, 1);
+    assert_eq!(t.stats().connects_refused_tcp, 0);
     assert!(t.subsystems()[0].hosts.is_empty());
 }
 
