@@ -1,0 +1,70 @@
+//! Reading PDUs from a stream piece by piece: the header first, then the data straight into
+//! the buffer where it belongs (or skipped).
+
+use super::consts::{digest, CH_LEN, DIGEST_LEN};
+use super::error::PduError;
+use super::frame::{frame, Ch, Frame, Negotiated, Side};
+use super::head::{decode_head, le32, Head};
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+/// Why reading a PDU from a stream stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("the connection failed or closed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Pdu(#[from] PduError),
+}
+
+/// Reads the next PDU header from a stream and checks it (header digest included), leaving the
+/// data (and its digest) unread so the caller can place it where it belongs. Returns the
+/// header and its frame, and the raw header bytes (for a termination request's data).
+pub async fn read_head<R: AsyncRead + Unpin>(
+    r: &mut R,
+    side: Side,
+    neg: &Negotiated,
+) -> Result<(Head, Frame, Vec<u8>), ReadError> {
+    let mut chb = [0u8; CH_LEN];
+    r.read_exact(&mut chb).await?;
+    let ch = Ch::decode(&chb);
+    let f = frame(&ch, side, neg)?;
+    // Bounded: at most 128 header bytes, a digest and 255 bytes of padding.
+    let mut h = vec![0u8; f.head_len()];
+    h[..CH_LEN].copy_from_slice(&chb);
+    r.read_exact(&mut h[CH_LEN..]).await?;
+    if f.hdgst && digest(&h[..f.hlen()]) != le32(&h, f.hlen()) {
+        return Err(PduError::HeaderDigest.into());
+    }
+    h.truncate(f.hlen());
+    let head = decode_head(&f, &h)?;
+    Ok((head, f, h))
+}
+
+/// Reads a PDU's data into `dst` (exactly `f.data_len` bytes) and checks its digest.
+/// `Ok(false)`: the data digest did not match.
+pub async fn read_data<R: AsyncRead + Unpin>(
+    r: &mut R,
+    f: &Frame,
+    dst: &mut [u8],
+) -> Result<bool, std::io::Error> {
+    debug_assert_eq!(dst.len(), f.data_len);
+    r.read_exact(dst).await?;
+    if f.ddgst {
+        let mut d = [0u8; DIGEST_LEN];
+        r.read_exact(&mut d).await?;
+        return Ok(digest(dst) == u32::from_le_bytes(d));
+    }
+    Ok(true)
+}
+
+/// Reads and drops a PDU's data (for data that has nowhere to go), in bounded pieces.
+pub async fn skip_data<R: AsyncRead + Unpin>(r: &mut R, f: &Frame) -> std::io::Result<()> {
+    let mut left = f.data_len + if f.ddgst { DIGEST_LEN } else { 0 };
+    let mut junk = [0u8; 4096];
+    while left > 0 {
+        let n = left.min(junk.len());
+        r.read_exact(&mut junk[..n]).await?;
+        left -= n;
+    }
+    Ok(())
+}
