@@ -2,12 +2,14 @@
 //! Management, whatever transport carried the command. The transport hands over the command
 //! with its data (a write's, already fetched into a pool buffer) and gets back a status, or a
 //! read's data in a pool buffer to send from. On a core (docs/DATAPATH.md) every device call is
-//! the device's completion-based `*_async` method, awaited in the command's task; elsewhere (a
-//! transport not yet on the cores) the synchronous call runs on the blocking pool, because a
-//! device may wait on drives and must not stall a shared runtime's worker.
+//! the device's completion-based `*_async` method, awaited in the command's task (NVMe/TCP and
+//! NVMe/RDMA queues run on the cores). Elsewhere (a target given no cores: tests and tools) the
+//! synchronous call runs on the blocking pool, because a device may wait on drives and must
+//! not stall a shared runtime's worker.
 
 use crate::cmd::{self, io, Sqe, Status};
 use crate::model::{Ns, Subsystem};
+use crate::share::{Held, HostShare};
 use millrace_block::BlockDevice;
 use millrace_io::{BufPool, IoBuf};
 use std::io::Result as IoResult;
@@ -17,9 +19,11 @@ use std::sync::Arc;
 /// How an I/O command ended.
 pub enum IoDone {
     Status(Status),
-    /// Success with data for the host, in a buffer of the pool.
+    /// Success with data for the host, in a buffer of the pool, and the bytes of the host's
+    /// share it holds (keep them until the buffer is dropped).
     Read {
         data: IoBuf,
+        held: Option<Held>,
     },
 }
 
@@ -32,6 +36,8 @@ pub struct IoCommand {
     pub(crate) c2h_len: usize,
     pub(crate) max_transfer: usize,
     pub(crate) pool: BufPool,
+    /// The host's share of the pool, taken before the pool's buffer.
+    pub(crate) share: Option<HostShare>,
 }
 
 fn on_core() -> bool {
@@ -162,8 +168,9 @@ impl IoCommand {
         Ok(IoDone::Status(Status::SUCCESS))
     }
 
-    /// Reads into a pool buffer of the command's length (waiting in line for one when the
-    /// pool is short: the back-pressure), which the transport sends from.
+    /// Reads into a pool buffer of the command's length, which the transport sends from:
+    /// first the host's share holds its bytes, then the pool gives the buffer (waiting in line
+    /// for each when short: the back-pressure, the host's own before the pool's).
     async fn read(&self) -> Result<IoDone, Status> {
         let s = &self.sqe;
         let (off, len) = self.range(s.slba(), s.nlb() as u64)?;
@@ -173,6 +180,10 @@ impl IoCommand {
         if len as usize != self.c2h_len {
             return Err(Status::DATA_SGL_LENGTH_INVALID);
         }
+        let held = match &self.share {
+            Some(sh) => Some(sh.take(len as usize).await),
+            None => None,
+        };
         let buf = self.pool.get(len as usize).await.map_err(|e| {
             tracing::warn!("no buffer for a read of {len} bytes: {e}");
             Status::INVALID_FIELD
@@ -185,7 +196,7 @@ impl IoCommand {
         let io_ctr = &self.subsys.io;
         io_ctr.read_commands.fetch_add(1, Ordering::Relaxed);
         io_ctr.bytes_read.fetch_add(len, Ordering::Relaxed);
-        Ok(IoDone::Read { data: buf })
+        Ok(IoDone::Read { data: buf, held })
     }
 
     async fn flush(&self) -> Result<IoDone, Status> {

@@ -107,6 +107,9 @@ pub struct TargetConfig {
     pub pdu_timeout: Duration,
     /// Grant header and data digests when a host asks for them.
     pub allow_digests: bool,
+    /// Most bytes of the buffer pool one host (host NQN) holds at once, over all its queues;
+    /// None: a quarter of the pool. At least one largest transfer's buffer.
+    pub max_host_buffer_bytes: Option<u64>,
 }
 
 impl Default for TargetConfig {
@@ -125,6 +128,7 @@ impl Default for TargetConfig {
             handshake_timeout: Duration::from_secs(10),
             pdu_timeout: Duration::from_secs(10),
             allow_digests: true,
+            max_host_buffer_bytes: None,
         }
     }
 }
@@ -449,6 +453,8 @@ pub(crate) struct Inner {
     pub connect_log: RateLimit,
     pub epoch: Instant,
     pub shutdown: CancellationToken,
+    /// Each connected host's share of the pool.
+    pub host_shares: crate::share::HostShares,
 }
 
 /// Lets a log line through at most once a second; counts the ones held back, so the next
@@ -504,6 +510,15 @@ impl Inner {
     /// buffer (a power of two of 4 KiB pages, as MDTS needs).
     pub fn max_transfer(&self) -> usize {
         (self.cfg.max_transfer_bytes as usize).min(self.data().pool.max_buf())
+    }
+    /// The share of the pool host `hostnqn` may hold (made when its first queue connects).
+    pub fn host_share(&self, hostnqn: &str) -> crate::share::HostShare {
+        let quarter = self.data().pool.usage().capacity_bytes / 4;
+        let bytes = (self.cfg.max_host_buffer_bytes)
+            .unwrap_or(quarter)
+            .max(crate::share::charge(self.max_transfer()) as u64);
+        self.host_shares
+            .of(hostnqn, bytes.min(usize::MAX as u64) as usize)
     }
     pub fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64

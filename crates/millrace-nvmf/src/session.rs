@@ -8,6 +8,7 @@ use crate::admin;
 use crate::cmd::{self, fctype, io, Sqe, Status, Transfer, CONNECT_DATA_LEN};
 use crate::io_commands::IoCommand;
 use crate::model::{Completer, Controller, Inner, Transport, TransportInfo, AERL};
+use crate::share::HostShare;
 use millrace_io::{BufPool, IoBuf};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -51,6 +52,8 @@ struct Bound {
     ctrl: Arc<Controller>,
     qid: u16,
     depth: usize,
+    /// The host's share of the pool, which its data buffers count against.
+    share: HostShare,
 }
 
 /// The target's side of one queue. Dropping it ends the queue: an admin queue takes its
@@ -131,6 +134,12 @@ impl Session {
         &self.pool
     }
 
+    /// The connected host's share of the pool: a buffer's bytes are taken from it before the
+    /// buffer is taken from the pool (None before Connect).
+    pub fn share(&self) -> Option<&HostShare> {
+        self.q.as_ref().map(|q| &q.share)
+    }
+
     /// Largest data transfer of one command.
     pub fn max_transfer(&self) -> usize {
         self.t.max_transfer()
@@ -194,6 +203,7 @@ impl Session {
             return Action::status(Status::COMMAND_SEQUENCE_ERROR);
         };
         let ctrl = q.ctrl.clone();
+        let share = q.share.clone();
         if q.qid == 0 {
             return self.admin(&ctrl, sqe, data.as_deref());
         }
@@ -217,6 +227,7 @@ impl Session {
             c2h_len,
             max_transfer: self.max_transfer(),
             pool: self.pool.clone(),
+            share: Some(share),
         })
     }
 
@@ -344,10 +355,12 @@ impl Session {
             q.push(qid);
         }
         ctrl.touch(&self.t);
+        let share = self.t.host_share(&ctrl.hostnqn);
         self.q = Some(Bound {
             ctrl,
             qid,
             depth: sqsize + 1,
+            share,
         });
         Ok((Status::SUCCESS, d.cntlid as u64))
     }
@@ -385,10 +398,12 @@ impl Session {
         ctrl.aen.lock().tx = self.completer.clone();
         tracing::info!(peer = %self.peer, transport = self.transport.kind.as_str(), host = %d.hostnqn, subsystem = %d.subnqn, cntlid = ctrl.cntlid, "a host connected its admin queue");
         let id = ctrl.cntlid;
+        let share = self.t.host_share(&ctrl.hostnqn);
         self.q = Some(Bound {
             ctrl,
             qid: 0,
             depth: sqsize + 1,
+            share,
         });
         Ok((Status::SUCCESS, id as u64))
     }

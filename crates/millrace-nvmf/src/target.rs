@@ -63,6 +63,7 @@ impl Target {
                 data: std::sync::OnceLock::new(),
                 epoch: Instant::now(),
                 shutdown: CancellationToken::new(),
+                host_shares: Default::default(),
             }),
         }
     }
@@ -83,6 +84,12 @@ impl Target {
         (self.inner.data)
             .set(crate::model::DataPath { pool, cores })
             .map_err(|_| Error::Invalid("the target's data path is already set".into()))
+    }
+
+    /// The cores the target's connections run on, when `set_data_path` gave some (other
+    /// transports, NVMe/RDMA, run their queues there too).
+    pub fn cores(&self) -> Option<Arc<millrace_io::Cores>> {
+        self.inner.data.get().and_then(|d| d.cores.clone())
     }
 
     /// The pool the target's data buffers come from.

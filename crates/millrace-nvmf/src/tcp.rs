@@ -14,6 +14,7 @@ use crate::pdu::{
     ReadError, Side,
 };
 use crate::session::{Action, Session};
+use crate::share::Held;
 use millrace_io::IoBuf;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -35,10 +36,12 @@ const MAX_C2H_PDU: usize = 256 * 1024;
 /// What the writer task sends.
 pub(crate) enum Out {
     Resp(Cqe),
-    /// C2HData PDUs carrying `data`, then the response capsule.
+    /// C2HData PDUs carrying `data`, then the response capsule; `held`, the bytes of the
+    /// host's share the buffer counts against, goes back with it once sent.
     Data {
         cqe: Cqe,
         data: IoBuf,
+        held: Option<Held>,
     },
     R2t(R2t),
     /// A fatal error: send a C2HTermReq and close.
@@ -71,11 +74,11 @@ impl Replier {
         c.sqid = self.qid;
         let _ = self.tx.send(Out::Resp(c)).await;
     }
-    async fn data(&self, cid: u16, data: IoBuf) {
+    async fn data(&self, cid: u16, data: IoBuf, held: Option<Held>) {
         self.inflight.fetch_sub(1, Ordering::Relaxed);
         let mut c = Cqe::new(cid, Status::SUCCESS, 0);
         c.sqid = self.qid;
-        let _ = self.tx.send(Out::Data { cqe: c, data }).await;
+        let _ = self.tx.send(Out::Data { cqe: c, data, held }).await;
     }
 }
 
@@ -83,6 +86,7 @@ impl Replier {
 struct Pending {
     sqe: Sqe,
     buf: IoBuf,
+    held: Option<Held>,
     received: usize,
     digest_error: bool,
 }
@@ -254,6 +258,8 @@ fn term(fes: u16, fei: u32, hdr: &[u8]) -> Vec<u8> {
 struct Gather {
     bytes: Vec<u8>,
     bufs: Vec<IoBuf>,
+    /// The host's share the buffers count against, given back with them.
+    held: Vec<Held>,
     parts: Vec<Part>,
 }
 
@@ -345,6 +351,7 @@ impl Gather {
         self.parts.clear();
         self.bytes.clear();
         self.bufs.clear();
+        self.held.clear();
         Ok(())
     }
 }
@@ -379,8 +386,9 @@ async fn writer(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Out>, f: Fmt, sqh
         };
         match msg {
             Out::Resp(c) => g.push_bytes(&resp(c)),
-            Out::Data { cqe, data } => {
+            Out::Data { cqe, data, held } => {
                 g.push_data(&cqe, data, &f);
+                g.held.extend(held);
                 g.push_bytes(&resp(cqe));
             }
             Out::R2t(r) => g.push_bytes(&encode(&Head::R2t(r), &[], f.hdgst, f.ddgst, f.align)),
@@ -482,7 +490,7 @@ impl Conn {
         if f.data_len > limit {
             return Err(Stop::Fatal(PduError::TooLarge(f.data_len as u64), raw));
         }
-        let mut icd = self.in_capsule_buffer(f.data_len).await?;
+        let (mut icd, held) = self.in_capsule_buffer(f.data_len).await?;
         let digest_ok = match icd.as_mut() {
             Some(b) => self.data(f, b).await?,
             None => self.data(f, &mut []).await?,
@@ -531,59 +539,72 @@ impl Conn {
             }
             Ok(Transfer::ToHost(len)) => (None, len),
         };
-        self.execute(sqe, data, c2h_len).await;
+        self.execute(sqe, data, c2h_len, held).await;
         Ok(())
     }
 
-    /// A buffer for `len` bytes of in-capsule data. An I/O queue's come from the pool: the
-    /// reader waits in line for one when the pool is short, which stops reading the socket
-    /// (back-pressure) -- unless this queue holds buffers still waiting for the host's data
-    /// (after our R2Ts, or waiting in line for one), which arrive behind this capsule on the
-    /// same socket: waiting then could never end, so such a capsule's data (at most the
-    /// in-capsule size) goes to a buffer of its own. While the reader waits it starts no
-    /// transfer, so nothing of this queue waits on its socket. Admin and Connect data
-    /// (bounded, small) is never pooled.
-    async fn in_capsule_buffer(&mut self, len: usize) -> Result<Option<IoBuf>, Stop> {
+    /// A buffer for `len` bytes of in-capsule data, and the bytes of the host's share it holds.
+    /// An I/O queue's come from the host's share, then the pool: the reader waits in line for
+    /// each when short, which stops reading the socket (back-pressure) -- unless this queue
+    /// holds buffers still waiting for the host's data (after our R2Ts, or waiting in line for
+    /// one), which arrive behind this capsule on the same socket: waiting then could never end,
+    /// so such a capsule's data (at most the in-capsule size) goes to a buffer of its own. While
+    /// the reader waits it starts no transfer, so nothing of this queue waits on its socket.
+    /// Admin and Connect data (bounded, small) is never pooled.
+    async fn in_capsule_buffer(
+        &mut self,
+        len: usize,
+    ) -> Result<(Option<IoBuf>, Option<Held>), Stop> {
         if len == 0 {
-            return Ok(None);
+            return Ok((None, None));
         }
-        if !self.session.is_connected() || self.session.qid() == 0 {
-            return Ok(Some(IoBuf::standalone(len)));
-        }
+        let Some(share) = self
+            .session
+            .share()
+            .filter(|_| self.session.qid() != 0)
+            .cloned()
+        else {
+            return Ok((Some(IoBuf::standalone(len)), None));
+        };
+        let may_wait =
+            self.pending.lock().is_empty() && self.r2t_waiting.load(Ordering::Acquire) == 0;
+        let dead = self.session.closing();
+        let held = match share.try_take(len) {
+            Some(h) => h,
+            None if may_wait => tokio::select! {
+                _ = dead.cancelled() => return Err(Stop::Quiet),
+                h = share.take(len) => h,
+            },
+            None => return Ok((Some(IoBuf::standalone(len)), None)),
+        };
         let pool = self.session.pool().clone();
         let b = match pool.try_get(len) {
             Ok(Some(b)) => b,
-            Ok(None)
-                if self.pending.lock().is_empty()
-                    && self.r2t_waiting.load(Ordering::Acquire) == 0 =>
-            {
-                let dead = self.session.closing();
-                tokio::select! {
-                    _ = dead.cancelled() => return Err(Stop::Quiet),
-                    b = pool.get(len) => b.map_err(|_| Stop::Quiet)?,
-                }
-            }
-            Ok(None) | Err(_) => IoBuf::standalone(len),
+            Ok(None) if may_wait => tokio::select! {
+                _ = dead.cancelled() => return Err(Stop::Quiet),
+                b = pool.get(len) => b.map_err(|_| Stop::Quiet)?,
+            },
+            Ok(None) | Err(_) => return Ok((Some(IoBuf::standalone(len)), None)),
         };
-        Ok(Some(b))
+        Ok((Some(b), Some(held)))
     }
 
-    /// Takes a pool buffer for a host-to-controller transfer and asks for the data.
+    /// Takes a pool buffer for a host-to-controller transfer (its bytes of the host's share
+    /// first) and asks for the data.
     async fn start_r2t(&mut self, sqe: Sqe, len: usize) -> Result<(), Stop> {
         let cid = sqe.cid();
         if self.pending.lock().contains_key(&cid) {
             self.reply.done(cid, Status::CID_CONFLICT, 0).await;
             return Ok(());
         }
-        let pool = self.session.pool().clone();
-        let connected = self.session.is_connected();
         let pending = self.pending.clone();
-        let register = move |buf: IoBuf| {
+        let register = move |buf: IoBuf, held: Option<Held>| {
             pending.lock().insert(
                 cid,
                 Pending {
                     sqe,
                     buf,
+                    held,
                     received: 0,
                     digest_error: false,
                 },
@@ -595,42 +616,53 @@ impl Conn {
                 r2tl: len as u32,
             })
         };
-        if !connected {
+        let Some(share) = self.session.share().cloned() else {
             // Connect's own data (at most CONNECT_DATA_MAX, one per connection): a host not yet
             // admitted takes nothing from the pool.
-            let out = register(IoBuf::standalone(len));
+            let out = register(IoBuf::standalone(len), None);
             let _ = self.reply.tx.send(out).await;
             return Ok(());
+        };
+        let pool = self.session.pool().clone();
+        if len > pool.max_buf() {
+            self.reply.done(cid, Status::INVALID_FIELD, 0).await;
+            return Ok(());
         }
-        match pool.try_get(len) {
-            Ok(Some(b)) => {
-                let out = register(b);
+        let held = share.try_take(len);
+        if held.is_some() {
+            if let Ok(Some(b)) = pool.try_get(len) {
+                let out = register(b, held);
                 let _ = self.reply.tx.send(out).await;
+                return Ok(());
             }
-            Ok(None) => {
-                // The pool is short: wait for it in a task of its own so this reader keeps
-                // receiving the data that will free buffers. The host sends nothing for this
-                // command until the R2T.
-                let reply = self.reply.clone();
-                let dead = self.session.closing();
-                let waiting = self.r2t_waiting.clone();
-                waiting.fetch_add(1, Ordering::AcqRel);
-                tokio::spawn(async move {
-                    tokio::select! {
-                        _ = dead.cancelled() => {}
-                        b = pool.get(len) => if let Ok(b) = b {
-                            // In `pending` before it stops counting as waiting.
-                            let out = register(b);
-                            waiting.fetch_sub(1, Ordering::AcqRel);
-                            let _ = reply.tx.send(out).await;
-                            return;
-                        },
-                    }
-                    waiting.fetch_sub(1, Ordering::AcqRel);
-                });
-            }
-            Err(_) => self.reply.done(cid, Status::INVALID_FIELD, 0).await,
         }
+        // The host's share or the pool is short: wait in a task of its own so this reader
+        // keeps receiving the data that will free buffers. The host sends nothing for this
+        // command until the R2T.
+        let reply = self.reply.clone();
+        let dead = self.session.closing();
+        let waiting = self.r2t_waiting.clone();
+        waiting.fetch_add(1, Ordering::AcqRel);
+        tokio::spawn(async move {
+            let got = async {
+                let held = match held {
+                    Some(h) => h,
+                    None => share.take(len).await,
+                };
+                pool.get(len).await.ok().map(|b| (b, held))
+            };
+            tokio::select! {
+                _ = dead.cancelled() => {}
+                r = got => if let Some((b, held)) = r {
+                    // In `pending` before it stops counting as waiting.
+                    let out = register(b, Some(held));
+                    waiting.fetch_sub(1, Ordering::AcqRel);
+                    let _ = reply.tx.send(out).await;
+                    return;
+                },
+            }
+            waiting.fetch_sub(1, Ordering::AcqRel);
+        });
         Ok(())
     }
 
@@ -672,11 +704,13 @@ impl Conn {
                 .await;
             return Ok(());
         }
-        self.execute(p.sqe, Some(p.buf), 0).await;
+        self.execute(p.sqe, Some(p.buf), 0, p.held).await;
         Ok(())
     }
 
-    async fn execute(&mut self, sqe: Sqe, data: Option<IoBuf>, c2h_len: usize) {
+    /// Runs a command; `held`, the host's share its data buffer counts against, goes back
+    /// when the command is done with the buffer.
+    async fn execute(&mut self, sqe: Sqe, data: Option<IoBuf>, c2h_len: usize, held: Option<Held>) {
         let cid = sqe.cid();
         let action = self.session.command(&sqe, data, c2h_len);
         // The queue id is known once Connect succeeded: responses, Connect's first, carry it.
@@ -692,6 +726,7 @@ impl Conn {
                 let out = Out::Data {
                     cqe: c,
                     data: IoBuf::from_slice(&data),
+                    held: None,
                 };
                 let _ = self.reply.tx.send(out).await;
             }
@@ -706,9 +741,10 @@ impl Conn {
                 let reply = self.reply.clone();
                 // A task of this core: the device's completion wakes it here.
                 tokio::spawn(async move {
+                    let _held = held;
                     match job.run().await {
                         IoDone::Status(st) => reply.done(cid, st, 0).await,
-                        IoDone::Read { data } => reply.data(cid, data).await,
+                        IoDone::Read { data, held } => reply.data(cid, data, held).await,
                     }
                 });
             }
