@@ -24,6 +24,12 @@ pub trait Drive: Send + Sync {
     fn uring_fd(&self) -> Option<RawFd> {
         None
     }
+    /// Whether a flush may go to io_uring as an fdatasync of `uring_fd`. A drive that models
+    /// durability itself (the crash tests' drive files, whose flush records what is durable)
+    /// says no, so every flush reaches `flush` while reads and writes still use the ring.
+    fn uring_flush(&self) -> bool {
+        self.uring_fd().is_some()
+    }
     /// Whether I/O needs 4 KiB aligned buffers (O_DIRECT).
     fn direct(&self) -> bool {
         false

@@ -114,7 +114,10 @@ pub fn execute(drives: &[Arc<dyn Drive>], ops: &mut [Op]) -> Vec<io::Result<()>>
         return results;
     }
     let use_uring = !URING_BROKEN.load(Ordering::Relaxed)
-        && ops.iter().all(|o| drives[o.member].uring_fd().is_some());
+        && ops.iter().all(|o| match o.buf {
+            OpBuf::Flush => drives[o.member].uring_flush(),
+            _ => drives[o.member].uring_fd().is_some(),
+        });
     if use_uring && ops.len() > 1 {
         let done = RING.with(|r| {
             let mut r = r.borrow_mut();

@@ -157,8 +157,15 @@ impl Array {
     }
 
     /// `write_at` (and, with `fua`, a flush) over an owned buffer, completion-based where it
-    /// can be.
+    /// can be; acknowledged once every member failure so far is recorded (see `unlogged`).
     pub(super) async fn write_owned(&self, offset: u64, buf: IoBuf, fua: bool) -> BufResult {
+        let r = self.write_owned_now(offset, buf, fua).await;
+        self.unlogged.recorded().await;
+        r
+    }
+
+    async fn write_owned_now(&self, offset: u64, buf: IoBuf, fua: bool) -> BufResult {
+        self.unlogged.recorded().await;
         let len = buf.len();
         if let Err(e) = self.check_range(offset, len as u64) {
             return (Err(e.into()), buf);
@@ -208,7 +215,7 @@ impl Array {
         }
         let drives = drives.filter(|_| !self.geo.level.is_parity() || whole_rows);
         let Some(drives) = drives else {
-            let r = self.write_alone(offset, &buf, fua);
+            let r = self.write_alone_recorded(offset, &buf, fua).await;
             return (r, buf);
         };
         self.mark_intent(a0, a1);
@@ -216,7 +223,7 @@ impl Array {
             self.retire_log();
             let Some(t) = self.begin_unlogged() else {
                 // A member failed since the check: the blocking engine writes with the log.
-                let r = self.write_alone(offset, &buf, fua);
+                let r = self.write_alone_recorded(offset, &buf, fua).await;
                 return (r, buf);
             };
             Some(t)
@@ -245,8 +252,7 @@ impl Array {
         let live: Vec<usize> = (0..self.geo.members)
             .filter(|&m| self.writable(m))
             .collect();
-        let on_ring =
-            millrace_io::on_ring() && live.iter().all(|&m| drives[m].uring_fd().is_some());
+        let on_ring = millrace_io::on_ring() && live.iter().all(|&m| drives[m].uring_flush());
         if !on_ring {
             return self.flush().map_err(Into::into);
         }

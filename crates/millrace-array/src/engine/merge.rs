@@ -217,22 +217,20 @@ impl Array {
             Some(d) => write_on_ring(self, &d, &mut reqs).await,
             None => Ok(false),
         };
-        let results: Vec<BufResult> = reqs
-            .into_iter()
-            .map(|q| {
-                let buf = q
-                    .buf
-                    .try_unwrap()
-                    .expect("every member operation has completed");
-                let r = match &r {
-                    Ok(true) => Ok(()),
-                    Err(e) => Err(io::Error::other(e.to_string())),
-                    // The blocking engine plans each request alone around the failed member.
-                    Ok(false) => self.write_alone(q.offset, &buf, q.fua),
-                };
-                (r, buf)
-            })
-            .collect();
+        let mut results: Vec<BufResult> = Vec::with_capacity(reqs.len());
+        for q in reqs {
+            let buf = q
+                .buf
+                .try_unwrap()
+                .expect("every member operation has completed");
+            let r = match &r {
+                Ok(true) => Ok(()),
+                Err(e) => Err(io::Error::other(e.to_string())),
+                // The blocking engine plans each request alone around the failed member.
+                Ok(false) => self.write_alone_recorded(q.offset, &buf, q.fua).await,
+            };
+            results.push((r, buf));
+        }
         let mut results = results.into_iter();
         let mine = results.next().expect("a set is never empty");
         for (tx, r) in senders.into_iter().skip(1).zip(results) {
@@ -240,6 +238,18 @@ impl Array {
             let _ = tx.send(r);
         }
         mine
+    }
+
+    /// `write_alone` once every member failure so far is recorded: it may go around a member
+    /// that just failed, which must not happen before the superblocks say so (see `unlogged`).
+    pub(super) async fn write_alone_recorded(
+        &self,
+        offset: u64,
+        buf: &[u8],
+        fua: bool,
+    ) -> io::Result<()> {
+        self.unlogged.recorded().await;
+        self.write_alone(offset, buf, fua)
     }
 
     /// One request through the blocking engine, under the locks its caller holds.

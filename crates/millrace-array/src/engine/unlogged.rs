@@ -13,11 +13,20 @@
 //! On a core, the writes in flight complete only when the core runs on, so the core does not
 //! wait: the failure is recorded from a thread of its own (the member is out of service in
 //! memory at once either way).
+//!
+//! The other direction: a write is acknowledged only once every failure recorded so far in
+//! memory has reached the superblocks. Writes planned after a failure go around the member, so
+//! its strips go stale; were one acknowledged (and flushed) before the record, a crash would
+//! reopen the pool with the member in service, its stale strips read as data (resync would even
+//! make parity agree with them). Linux md likewise holds writes back while a failure's
+//! superblock update is pending. tests/crash_ring.rs found this.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
+use tokio::sync::Notify;
 
 use super::Array;
 
@@ -29,6 +38,11 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(10);
 pub(super) struct Unlogged {
     count: Mutex<usize>,
     drained: Condvar,
+    /// Failures taken out of service in memory and not yet recorded (`record_failure`).
+    unrecorded: AtomicUsize,
+    records: Mutex<usize>,
+    recorded: Condvar,
+    recorded_async: Notify,
 }
 
 /// One unlogged write in flight; dropped once its member writes have completed.
@@ -61,6 +75,51 @@ impl Unlogged {
     }
 }
 
+impl Unlogged {
+    fn begin_record(&self) {
+        *self.records.lock() += 1;
+        self.unrecorded.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn end_record(&self) {
+        let mut n = self.records.lock();
+        *n -= 1;
+        self.unrecorded.fetch_sub(1, Ordering::AcqRel);
+        if *n == 0 {
+            self.recorded.notify_all();
+            self.recorded_async.notify_waiters();
+        }
+    }
+
+    /// Waits until every failure taken out of service so far is recorded (off a core: on one,
+    /// the record may wait for this core's writes in flight; use `recorded`).
+    pub(super) fn wait_recorded(&self) {
+        if self.unrecorded.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut n = self.records.lock();
+        while *n > 0 {
+            self.recorded.wait(&mut n);
+        }
+    }
+
+    /// `wait_recorded` for a task on a core.
+    pub(super) async fn recorded(&self) {
+        loop {
+            if self.unrecorded.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            let wake = std::pin::pin!(self.recorded_async.notified());
+            let mut wake = wake;
+            wake.as_mut().enable();
+            if self.unrecorded.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            wake.await;
+        }
+    }
+}
+
 impl Array {
     /// A ticket for a parity write about to go in place without the log: None when a member is
     /// out of service (the write must take the logged path; plan again). Taken before the check,
@@ -78,6 +137,7 @@ impl Array {
             return;
         };
         let unlogged = self.unlogged.clone();
+        unlogged.begin_record();
         let drives = self.drives.load_full();
         let live: Vec<usize> = (0..self.geo.members)
             .filter(|&i| self.writable(i))
@@ -89,6 +149,7 @@ impl Array {
                 let _ = drives[i].flush();
             }
             hook(m, why);
+            unlogged.end_record();
         };
         if millrace_io::on_ring() {
             let why = std::io::Error::new(why.kind(), why.to_string());

@@ -26,9 +26,21 @@ impl Array {
         self.stats
             .write_bytes
             .fetch_add(data.len() as u64, Ordering::Relaxed);
+        // Planned and acknowledged only once every member failure so far is recorded (see
+        // `unlogged`). A core cannot wait here (its writes in flight hold the record back): its
+        // writes wait in `write_owned`.
+        let off_core = !millrace_io::on_ring();
+        if off_core {
+            self.unlogged.wait_recorded();
+        }
         let (a0, a1) = sector_span(offset, data.len());
-        let _guards = self.lock_rows(a0, a1 - a0);
-        self.write_locked(offset, data)
+        let guards = self.lock_rows(a0, a1 - a0);
+        let r = self.write_locked(offset, data);
+        drop(guards);
+        if off_core {
+            self.unlogged.wait_recorded();
+        }
+        r
     }
 
     /// `write_at` once its range is checked and counted and its rows are locked.

@@ -88,15 +88,21 @@ impl Pool {
         }
         self.array.flush()?;
         let mut sb = self.meta.sb.lock();
-        for &m in &targets {
-            self.array.set_member_state(m, MemberState::Online);
-            sb.table[m].1 = MemberState::Online;
-        }
         let mut copy = sb.clone();
+        for &m in &targets {
+            copy.table[m].1 = MemberState::Online;
+        }
         copy.rebuild_checkpoint = 0;
         self.meta
             .commit(&mut copy)
             .map_err(|e| PoolError(format!("cannot record the finished rebuild: {e}")))?;
+        // Online in memory only once the superblocks say so: a whole pool writes stripes
+        // without the partial-parity log, and a crash before the record would reopen the
+        // member as still rebuilding from an earlier checkpoint, its strips past it rebuilt from
+        // parity that such a torn write left stale (tests/crash_ring.rs found this).
+        for &m in &targets {
+            self.array.set_member_state(m, MemberState::Online);
+        }
         *sb = copy;
         Ok(true)
     }
