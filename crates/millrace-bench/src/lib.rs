@@ -8,6 +8,7 @@
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
 
 pub mod fio;
+mod labels;
 #[cfg(feature = "plot")]
 mod plot;
 pub mod report;

@@ -6,7 +6,7 @@ use std::path::Path;
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
-use crate::report::{by_workload, columns, fmt, jobs, size};
+use crate::labels::{by_workload, columns, fmt, jobs, size};
 use crate::Point;
 
 /// DejaVu Sans cut down to ASCII (10 KiB; fonts/LICENSE): the plot's text needs no system font,

@@ -8,10 +8,8 @@ use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::pool::Inner;
-
-/// The alignment of every buffer: O_DIRECT members and registered buffers need 4 KiB.
-pub const ALIGN: usize = 4096;
+use crate::region::Inner;
+pub use crate::region::ALIGN;
 
 pub(crate) enum Home {
     /// Pages `page..page + 2^order` of slice `slice` of a pool.

@@ -19,6 +19,7 @@ mod buddy;
 pub mod buf;
 pub mod cores;
 pub mod pool;
+mod region;
 pub mod ring;
 
 pub use buf::{IoBuf, ALIGN};

@@ -13,7 +13,8 @@ use parking_lot::Mutex;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::buddy::Buddy;
-use crate::buf::{Home, IoBuf, ALIGN};
+use crate::buf::{Home, IoBuf};
+use crate::region::{Inner, Slice, ALIGN};
 
 /// The shape of a pool.
 #[derive(Clone, Debug)]
@@ -55,53 +56,6 @@ pub struct PoolUsage {
     pub waits: u64,
     /// Requests refused because they were larger than the largest buffer.
     pub refused: u64,
-}
-
-pub(crate) struct Slice {
-    alloc: Mutex<Buddy>,
-    /// One permit: the waiter at the head of the line. Tokio's semaphore queues fairly, so the
-    /// others wait behind it in arrival order and a stream of small requests cannot starve a
-    /// large one.
-    turnstile: Semaphore,
-    /// Rung whenever pages come back.
-    freed: Notify,
-    in_use: AtomicU64,
-}
-
-pub(crate) struct Inner {
-    base: NonNull<u8>,
-    bytes: usize,
-    slice_bytes: usize,
-    max_order: u8,
-    slices: Vec<Slice>,
-    peak: AtomicU64,
-    in_use: AtomicU64,
-    gets: AtomicU64,
-    waits: AtomicU64,
-    refused: AtomicU64,
-}
-
-// The region is plain memory owned by the pool; every access goes through IoBufs, each of which
-// owns a disjoint run of pages.
-unsafe impl Send for Inner {}
-unsafe impl Sync for Inner {}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `BufPool::new`; no IoBuf is left (each holds an Arc).
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.bytes) };
-    }
-}
-
-impl Inner {
-    pub(crate) fn give_back(&self, slice: u32, page: u32, order: u8) {
-        let s = &self.slices[slice as usize];
-        s.alloc.lock().free(page, order);
-        let n = (ALIGN as u64) << order;
-        s.in_use.fetch_sub(n, Ordering::Relaxed);
-        self.in_use.fetch_sub(n, Ordering::Relaxed);
-        s.freed.notify_one();
-    }
 }
 
 /// A bounded pool of aligned I/O buffers, cheap to clone (all clones share the region).

@@ -6,14 +6,13 @@
 
 use millrace_block::Extent;
 
+// The commands and flags live with the others in `proto`, which never looks here.
 use crate::proto::{put_structured_header, REPLY_FLAG_DONE, STRUCTURED_HEADER_LEN};
+pub use crate::proto::{CMD_BLOCK_STATUS, CMD_FLAG_FAST_ZERO, CMD_FLAG_REQ_ONE};
 
 pub const OPT_LIST_META_CONTEXT: u32 = 9;
 pub const OPT_SET_META_CONTEXT: u32 = 10;
 pub const REP_META_CONTEXT: u32 = 4;
-pub const CMD_BLOCK_STATUS: u16 = 7;
-pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
-pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
 pub const TF_SEND_FAST_ZERO: u16 = 1 << 11;
 pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
 pub const STATE_HOLE: u32 = 1;

@@ -61,11 +61,14 @@ pub const CMD_FLUSH: u16 = 3;
 pub const CMD_TRIM: u16 = 4;
 pub const CMD_CACHE: u16 = 5;
 pub const CMD_WRITE_ZEROES: u16 = 6;
+pub const CMD_BLOCK_STATUS: u16 = 7;
 
 // Command flags.
 pub const CMD_FLAG_FUA: u16 = 1 << 0;
 pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
 pub const CMD_FLAG_DF: u16 = 1 << 2;
+pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
+pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
 
 // Structured reply chunks.
 pub const REPLY_FLAG_DONE: u16 = 1 << 0;
@@ -312,8 +315,8 @@ pub fn structured_none(handle: u64) -> Vec<u8> {
 pub fn allowed_flags(kind: u16, structured: bool) -> u16 {
     match kind {
         CMD_READ if structured => CMD_FLAG_FUA | CMD_FLAG_DF,
-        CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | crate::meta::CMD_FLAG_FAST_ZERO,
-        crate::meta::CMD_BLOCK_STATUS => CMD_FLAG_FUA | crate::meta::CMD_FLAG_REQ_ONE,
+        CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
+        CMD_BLOCK_STATUS => CMD_FLAG_FUA | CMD_FLAG_REQ_ONE,
         _ => CMD_FLAG_FUA,
     }
 }
@@ -454,7 +457,7 @@ mod tests {
         assert_eq!(allowed_flags(CMD_READ, true), CMD_FLAG_FUA | CMD_FLAG_DF);
         assert_eq!(
             allowed_flags(CMD_WRITE_ZEROES, false),
-            CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | crate::meta::CMD_FLAG_FAST_ZERO
+            CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO
         );
         assert_eq!(allowed_flags(CMD_TRIM, true), CMD_FLAG_FUA);
     }

@@ -41,6 +41,5 @@ pub mod devices;
 mod error;
 mod ffi;
 pub mod verbs;
-mod verbs_cq;
 
 pub use error::Error;

@@ -26,78 +26,12 @@ use millrace_io::{Batch, SharedBuf};
 
 use super::layout::ReadFrom;
 use super::parity_write::RingWrite;
+use super::ring::{Drives, Sent};
 use super::unlogged::Ticket;
 use super::write::sector_span;
 use super::{Array, Result};
-use crate::drive::Drive;
-use crate::geometry::SECTOR;
-
-pub(super) type Drives = Arc<Vec<Arc<dyn Drive>>>;
-
-/// Which member and how many bytes each operation of a batch moves, to account its result.
-pub(super) struct Sent {
-    pub member: usize,
-    pub len: usize,
-    pub write: bool,
-}
 
 impl Array {
-    /// The drives, when this request can go to this core's ring as it is.
-    pub(super) fn ring_drives(&self, offset: u64, len: usize) -> Option<Drives> {
-        let aligned = offset.is_multiple_of(SECTOR) && (len as u64).is_multiple_of(SECTOR);
-        if !aligned || !millrace_io::on_ring() || !self.all_online() {
-            return None;
-        }
-        let d = self.drives.load_full();
-        d.iter().all(|d| d.uring_fd().is_some()).then_some(d)
-    }
-
-    /// Counts a batch's results as `run` does; marks members whose I/O failed as faulty.
-    /// Returns whether every operation moved all its bytes.
-    pub(super) fn account(
-        &self,
-        drives: &Drives,
-        sent: &[Sent],
-        results: Vec<io::Result<usize>>,
-    ) -> bool {
-        let mut ok = true;
-        for (s, r) in sent.iter().zip(results) {
-            let ms = &self.member_stats[s.member];
-            match r {
-                Ok(n) if n == s.len => {
-                    let (ops, bytes) = if s.write {
-                        (&ms.write_ops, &ms.write_bytes)
-                    } else {
-                        (&ms.read_ops, &ms.read_bytes)
-                    };
-                    ops.fetch_add(1, Ordering::Relaxed);
-                    bytes.fetch_add(n as u64, Ordering::Relaxed);
-                }
-                // A short transfer: the blocking path redoes the request and names the cause.
-                Ok(_) => ok = false,
-                Err(e) => {
-                    ok = false;
-                    ms.errors.fetch_add(1, Ordering::Relaxed);
-                    self.stats.member_errors.fetch_add(1, Ordering::Relaxed);
-                    if Arc::ptr_eq(&drives[s.member], &self.drives.load()[s.member]) {
-                        self.fail_member(s.member, &e);
-                    }
-                }
-            }
-        }
-        ok
-    }
-
-    pub(super) fn ring_fd(&self, drives: &Drives, m: usize) -> i32 {
-        Self::fd(drives, m)
-    }
-
-    fn fd(drives: &Drives, m: usize) -> i32 {
-        drives[m]
-            .uring_fd()
-            .expect("ring_drives checked every member")
-    }
-
     /// `read_at` over an owned buffer, completion-based where it can be.
     pub(super) async fn read_owned(&self, offset: u64, mut buf: IoBuf) -> BufResult {
         let len = buf.len();
@@ -135,7 +69,7 @@ impl Array {
                 return false;
             };
             let at = self.member_offset(p.row, p.s);
-            batch.read(Self::fd(drives, m), at, sb, p.at..p.at + p.len);
+            batch.read(Self::member_fd(drives, m), at, sb, p.at..p.at + p.len);
             sent.push(Sent {
                 member: m,
                 len: p.len,
@@ -259,7 +193,7 @@ impl Array {
         let mut batch = Batch::with_capacity(live.len());
         let mut sent = Vec::with_capacity(live.len());
         for &m in &live {
-            batch.fsync(Self::fd(&drives, m));
+            batch.fsync(Self::member_fd(&drives, m));
             sent.push(Sent {
                 member: m,
                 len: 0,
@@ -316,7 +250,7 @@ impl Array {
             };
             for m in copies {
                 let at = self.member_offset(p.row, p.s);
-                batch.write(Self::fd(drives, m), at, sb, p.at..p.at + p.len, fua);
+                batch.write(Self::member_fd(drives, m), at, sb, p.at..p.at + p.len, fua);
                 sent.push(Sent {
                     member: m,
                     len: p.len,
@@ -392,7 +326,7 @@ impl Array {
                 let layout = geo.group_layout(row, g);
                 for (j, &m) in layout[k..].iter().enumerate() {
                     let out = ((r * geo.groups() + g) * np + j) * strip;
-                    batch.write(Self::fd(drives, m), at, par, out..out + strip, fua);
+                    batch.write(Self::member_fd(drives, m), at, par, out..out + strip, fua);
                     sent.push(Sent {
                         member: m,
                         len: strip,

@@ -5,7 +5,6 @@
 
 use super::{Array, Piece, Result, ScrubReport};
 use crate::aligned::AlignedBuf;
-use crate::geometry::Level;
 
 /// Where a piece of a read comes from.
 pub(super) enum ReadFrom {
@@ -44,12 +43,4 @@ pub(super) trait Layout: Sync {
     fn scrub_group(&self, a: &Array, row: u64, group: usize, repair: bool, rep: &mut ScrubReport);
     /// Recomputes one group's redundancy in one row from its data.
     fn resync_group(&self, a: &Array, row: u64, group: usize);
-}
-
-pub(super) fn for_level(level: Level) -> &'static dyn Layout {
-    match level {
-        Level::Raid0 => &super::stripe::Stripe,
-        Level::Raid1 | Level::Raid10 => &super::mirror::Mirror,
-        Level::Raid5 | Level::Raid6 | Level::Raid50 | Level::Raid60 => &super::parity::Parity,
-    }
 }

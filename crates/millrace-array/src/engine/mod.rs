@@ -14,6 +14,7 @@
 //! batch, then all writes as another, so every drive works at once. Rows touched by a write are
 //! locked, so concurrent writes to one stripe never leave its parity wrong.
 
+mod codes;
 mod completion;
 mod discard;
 mod journaled;
@@ -27,6 +28,7 @@ mod ppl_log;
 mod ppl_recover;
 mod read;
 mod rebuild;
+mod ring;
 mod scrub;
 mod stripe;
 mod unlogged;
@@ -218,7 +220,7 @@ impl Array {
         let direct = drives.iter().any(|d| d.direct());
         Array {
             geo,
-            layout: layout::for_level(geo.level),
+            layout: layout_for(geo.level),
             data_offset,
             drives: ArcSwap::from_pointee(drives),
             direct: direct.into(),
@@ -596,5 +598,16 @@ impl millrace_block::BlockDevice for Array {
     }
     fn flush_async(&self) -> IoFuture<'_, io::Result<()>> {
         Box::pin(self.flush_owned())
+    }
+}
+
+/// The strategy of a level (here, not in `layout`, so that the trait's module does not depend
+/// on its implementations).
+fn layout_for(level: crate::geometry::Level) -> &'static dyn Layout {
+    use crate::geometry::Level;
+    match level {
+        Level::Raid0 => &stripe::Stripe,
+        Level::Raid1 | Level::Raid10 => &mirror::Mirror,
+        Level::Raid5 | Level::Raid6 | Level::Raid50 | Level::Raid60 => &parity::Parity,
     }
 }

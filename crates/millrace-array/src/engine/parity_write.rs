@@ -6,13 +6,13 @@
 
 use std::sync::atomic::Ordering;
 
-use super::parity::{gen_parity, recover};
-use super::ppl_recover::add_share;
+use super::codes::add_share;
+use super::codes::{gen_parity, recover};
 use super::{Array, ArrayError, Piece, Result};
 use crate::ppl::{LogEntry, LogWrite};
 use millrace_io::{Batch, IoBuf, SharedBuf};
 
-use super::completion::{Drives, Sent};
+use super::ring::{Drives, Sent};
 use super::unlogged::Ticket;
 use crate::io::Op;
 

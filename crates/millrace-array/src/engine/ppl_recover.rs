@@ -8,20 +8,11 @@
 
 use std::collections::BTreeMap;
 
-use super::parity::read_and_recover;
+use super::codes::{add_share, read_and_recover};
 use super::Array;
 use crate::aligned::AlignedBuf;
 use crate::io::Op;
 use crate::ppl::LogEntry;
-
-/// Adds parity `j`'s share of data strip `index` (`src`) into `dst`.
-pub(super) fn add_share(j: usize, index: usize, src: &[u8], dst: &mut [u8]) {
-    if j == 0 {
-        millrace_parity::xor_into(dst, src);
-    } else {
-        millrace_parity::mul_xor_into(millrace_parity::gf::exp(index), src, dst);
-    }
-}
 
 impl Array {
     /// Every whole record on the members in service: (seq, holder member, entries).

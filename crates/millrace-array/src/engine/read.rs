@@ -4,8 +4,9 @@
 
 use std::sync::atomic::Ordering;
 
+use super::codes::recover;
 use super::layout::ReadFrom;
-use super::parity::{missing, recover};
+use super::parity::missing;
 use super::{Array, ArrayError, Piece, Result};
 use crate::aligned::AlignedBuf;
 use crate::geometry::SECTOR;

@@ -1,9 +1,4 @@
-//! Verbs: device contexts, protection domains, registered memory, completion queues waited on
-//! with tokio, and reliable-connected queue pairs.
-//!
-//! Posting work is `unsafe`: the device reads and writes the memory a work request names until
-//! its completion arrives, which the type system cannot see. The NVMe/RDMA transport keeps every
-//! buffer it posts in a slot of its own until that slot's completion is polled.
+//! Device contexts, protection domains and registered memory.
 
 use crate::error::{Error, Result};
 use crate::ffi::{self, Fd};
@@ -235,8 +230,6 @@ impl Sge {
         }
     }
 }
-
-pub use crate::verbs_cq::{Completion, CompletionQueue, Opcode, QpCaps, QueuePair, SendOp};
 
 pub(crate) fn sge_raw(s: &Sge) -> sys::ibv_sge {
     s.raw()

@@ -1,9 +1,9 @@
 //! Completion queues (waited on through their completion channel with tokio) and the work
 //! requests posted to queue pairs.
 
+use super::resources::{self as verbs, Context, Sge};
 use crate::error::{Error, Result};
 use crate::ffi::Fd;
-use crate::verbs::{self, Context, Sge};
 use rdma_mummy_sys as sys;
 use std::ffi::CStr;
 use std::mem::MaybeUninit;
