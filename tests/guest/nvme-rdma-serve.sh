@@ -95,7 +95,11 @@ grep -qE '^mn +: Millrace' "$work/idctrl" || { head -20 "$work/idctrl"; fail "id
 grep -q "rdma $RDMA_ADDR:4420" "$work/status.out" || { cat "$work/status.out"; fail "status does not list the NVMe/RDMA listener"; }
 grep -q "1 over RDMA" "$work/status.out" || { cat "$work/status.out"; fail "status does not count the host under RDMA"; }
 grep -q '"transport": "rdma"' <("$MR" export list --json) || fail "export list does not show the host's transport as rdma"
-step "connected over RDMA: $ctrl ($ns), $queues queues; status and exports show it under rdma"
+# Every queue runs on a core of the data path (its device calls the *_async ones there).
+n_acc=$(grep -c 'NVMe/RDMA queue accepted' "$work/server.log" || true)
+n_core=$(grep 'NVMe/RDMA queue accepted' "$work/server.log" | grep -cE 'core=Some\([0-9]+\)' || true)
+[[ $n_acc -gt 0 && $n_acc == "$n_core" ]] || { grep 'queue accepted' "$work/server.log" | tail -5; fail "NVMe/RDMA queues run off the data path's cores ($n_core of $n_acc on a core)"; }
+step "connected over RDMA: $ctrl ($ns), $queues queues; status and exports show it under rdma; its $n_acc queues on the cores"
 
 # Two jobs, each on its own 16 MiB, random 4K-256K writes with crc32c headers, read back and
 # checked; paced so a drive fails while they are in flight.

@@ -5,7 +5,7 @@
 //! guest test runs it and checks the host's refusal and the NQNs printed.
 //!   usage: rdma_refuse ADDR:PORT
 
-use millrace_io::{BufPool, IoBuf, PoolConfig};
+use millrace_io::{BufPool, Cores, CoresConfig, IoBuf, PoolConfig};
 use millrace_nvmf::cmd::{fctype, ConnectData, Cqe, Sqe, Status, Transfer};
 use millrace_nvmf_rdma::commands::{Commands, Exec, Outcome};
 use millrace_nvmf_rdma::port::{self, PortConfig, PortStats, QueueFactory};
@@ -96,10 +96,17 @@ async fn main() {
         max_transfer: 1 << 20,
         max_queues: 64,
     };
+    let cores = Cores::start(CoresConfig {
+        cores: 1,
+        pool: Some(pool.clone()),
+        ..CoresConfig::default()
+    })
+    .expect("a core for the queues");
     let stop = CancellationToken::new();
     let f = Arc::new(Factory(stop.clone()));
     let stats = Arc::new(PortStats::default());
-    if let Err(e) = port::serve(listener, pool, cfg, f, stats, stop).await {
+    let cores = Arc::new(cores);
+    if let Err(e) = port::serve(listener, pool, cores, cfg, f, stats, stop).await {
         eprintln!("rdma_refuse: {e}");
     }
 }

@@ -4,6 +4,7 @@
 
 use millrace_io::IoBuf;
 use millrace_nvmf::cmd::{Cqe, Sqe, Status, Transfer};
+use millrace_nvmf::share::{Held, HostShare};
 use std::future::Future;
 use std::pin::Pin;
 use tokio_util::sync::CancellationToken;
@@ -12,8 +13,14 @@ use tokio_util::sync::CancellationToken;
 pub enum Outcome {
     /// Complete with this status and result (DW0, DW1).
     Complete { status: Status, result: u64 },
-    /// Place `data` (its length is what goes) in the host's memory, then complete with success.
-    Data { result: u64, data: IoBuf },
+    /// Place `data` (its length is what goes) in the host's memory, then complete with success;
+    /// `held`, the bytes of the host's share of the pool the buffer counts against, goes back
+    /// with the buffer.
+    Data {
+        result: u64,
+        data: IoBuf,
+        held: Option<Held>,
+    },
     /// Completed later through the queue's parked-completion channel (Async Event Requests).
     Parked,
     /// Complete with success, then close the queue.
@@ -50,4 +57,9 @@ pub trait Commands: Send + 'static {
     fn closing(&self) -> CancellationToken;
     /// Takes the receiving end of completions for parked commands (once, at start).
     fn parked(&mut self) -> Option<tokio::sync::mpsc::Receiver<Cqe>>;
+    /// The connected host's share of the pool, taken before a buffer for its data (None: no
+    /// share, only the pool bounds the queue).
+    fn share(&self) -> Option<HostShare> {
+        None
+    }
 }

@@ -21,7 +21,8 @@
 //!
 //! The pieces: [`wire`] (private data, SGLs), [`accept`] (the connect decision), [`sizing`]
 //! (queue resources, work ids), [`regpool`] (the data pool registered once per device),
-//! [`queue`] (one queue pair's loop), [`port`] (the listener and accept path), [`commands`],
+//! [`queue`] (one queue pair's loop), [`port`] (the listener, and the accept path that puts
+//! each queue on a core of the data path, docs/DATAPATH.md), [`commands`],
 //! the seam to the target's command handling, [`session`], which implements it over the
 //! target's transport-agnostic `millrace_nvmf::Session`, and [`serve`], which serves a
 //! `millrace_nvmf::Target` (`millrace serve --nvme-rdma ADDR:PORT`).

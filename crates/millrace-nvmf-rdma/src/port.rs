@@ -1,7 +1,10 @@
 //! An NVMe/RDMA port: the RDMA CM listener, the per-device resources (protection domain, the
-//! data pool registered once, the device's limits), and the accept path that decides on each
-//! connect request before any queue resource exists, then builds the queue, posts its
-//! receives, accepts, and runs it in a task of its own.
+//! data pool registered once, the device's limits), and the accept path. Each connect request
+//! is handed to a core of the data path (docs/DATAPATH.md), the one with the fewest tasks,
+//! where the queue stays: there it is decided on before any queue resource exists, then its
+//! completion queue is made (its channel in that core's reactor), its receives posted, it is
+//! accepted, and it runs. Its commands' device calls are the `*_async` ones, completing on that
+//! core; its data buffers come from that core's slice of the registered pool.
 
 use crate::accept::{self, Offer};
 use crate::commands::Commands;
@@ -9,7 +12,7 @@ use crate::queue::{Parts, Queue, Stop};
 use crate::regpool::RegisteredPool;
 use crate::sizing::CQE_BYTES;
 use crate::wire::{self, QueueLimits, RejectReason};
-use millrace_io::BufPool;
+use millrace_io::{BufPool, Cores};
 use millrace_rdma::cm::{AcceptParams, CmId, ConnectRequest, Listener};
 use millrace_rdma::verbs::{CompletionQueue, Context, DeviceAttr, ProtectionDomain};
 use std::collections::HashMap;
@@ -42,16 +45,19 @@ pub struct PortStats {
     pub refused: AtomicU64,
 }
 
+#[derive(Clone)]
 struct Device {
     pool: Arc<RegisteredPool>,
     attr: DeviceAttr,
     pd: Arc<ProtectionDomain>,
 }
 
-/// Serves NVMe/RDMA on `listener` until `shutdown`.
+/// Serves NVMe/RDMA on `listener` until `shutdown`, each queue on one of `cores` (whose pool
+/// should be `pool`, so each core's buffers come from its own slice).
 pub async fn serve<F: QueueFactory>(
     listener: Listener,
     pool: BufPool,
+    cores: Arc<Cores>,
     cfg: PortConfig,
     factory: Arc<F>,
     stats: Arc<PortStats>,
@@ -79,9 +85,26 @@ pub async fn serve<F: QueueFactory>(
             refuse(&req.id, RejectReason::NoResources, &stats);
             continue;
         }
-        if let Err(r) = start_queue(req, dev, &cfg, factory.as_ref(), &stats) {
-            tracing::info!("NVMe/RDMA connect refused: {}", r.describe());
-        }
+        // Counted open from now, so the limit holds while queues start on their cores.
+        stats.queues_open.fetch_add(1, Ordering::Relaxed);
+        let (dev, factory, stats) = (dev.clone(), factory.clone(), stats.clone());
+        cores.spawn(move || async move {
+            match start_queue(req, &dev, &cfg, factory.as_ref(), &stats) {
+                Ok(q) => run_queue(q, &stats).await,
+                Err(r) => tracing::info!("NVMe/RDMA connect refused: {}", r.describe()),
+            }
+            stats.queues_open.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+}
+
+/// Serves an accepted queue on this core until it ends.
+async fn run_queue<C: Commands>(q: Queue<C>, stats: &PortStats) {
+    let peer = q.id().peer_addr();
+    stats.queues_total.fetch_add(1, Ordering::Relaxed);
+    match q.run().await {
+        Stop::Closed => tracing::debug!(?peer, "NVMe/RDMA queue closed"),
+        Stop::Fatal(why) => tracing::warn!(?peer, "NVMe/RDMA queue closed: {why}"),
     }
 }
 
@@ -102,14 +125,15 @@ fn refuse(id: &CmId, r: RejectReason, stats: &PortStats) {
     }
 }
 
-/// Decides, builds and accepts one queue; on refusal the request is rejected with the reason.
+/// Decides, builds and accepts one queue (on the core it will run on: its completion channel
+/// joins this core's reactor); on refusal the request is rejected with the reason.
 fn start_queue<F: QueueFactory>(
     req: ConnectRequest,
     dev: &Device,
     cfg: &PortConfig,
     factory: &F,
-    stats: &Arc<PortStats>,
-) -> Result<(), RejectReason> {
+    stats: &PortStats,
+) -> Result<Queue<F::C>, RejectReason> {
     let ConnectRequest {
         mut id,
         private_data,
@@ -171,16 +195,6 @@ fn start_queue<F: QueueFactory>(
         tracing::warn!(%peer, "rdma_accept failed: {e}");
         return Err(RejectReason::NoResources);
     }
-    tracing::info!(%peer, qid = a.sizes.qid, depth = a.sizes.recv, "NVMe/RDMA queue accepted");
-    stats.queues_open.fetch_add(1, Ordering::Relaxed);
-    stats.queues_total.fetch_add(1, Ordering::Relaxed);
-    let stats = stats.clone();
-    tokio::spawn(async move {
-        match q.run().await {
-            Stop::Closed => tracing::debug!(%peer, "NVMe/RDMA queue closed"),
-            Stop::Fatal(why) => tracing::warn!(%peer, "NVMe/RDMA queue closed: {why}"),
-        }
-        stats.queues_open.fetch_sub(1, Ordering::Relaxed);
-    });
-    Ok(())
+    tracing::info!(%peer, qid = a.sizes.qid, core = ?millrace_io::current_core(), depth = a.sizes.recv, "NVMe/RDMA queue accepted");
+    Ok(q)
 }

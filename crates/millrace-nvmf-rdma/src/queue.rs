@@ -1,7 +1,8 @@
 //! One NVMe/RDMA queue: a reliable-connected queue pair whose receives take command capsules,
 //! whose sends carry response capsules, and whose RDMA READs and WRITEs move each command's data
-//! between the host's memory and a buffer of the registered pool. One task runs it: it waits
-//! on the completion channel, the commands that await the device, the CM events and the
+//! between the host's memory and a buffer of the registered pool. One task on one core of the
+//! data path runs it: it waits on the completion channel, the commands that await the device
+//! (each a task of the same core, its device calls the `*_async` ones), the CM events and the
 //! controller's end, and every state change happens in that task (no lock).
 //!
 //! Command slots are fixed at connect time (twice the receives): a slot holds the command, its
@@ -38,6 +39,8 @@ pub(crate) struct Slot<P> {
     pub sqe: Sqe,
     pub plan: Option<P>,
     pub data: Option<IoBuf>,
+    /// The host's share of the pool `data` counts against, given back with it.
+    pub held: Option<millrace_nvmf::share::Held>,
     pub remote: Option<Remote>,
     pub invalidate: Option<u32>,
     /// A Connect whose data is being fetched before the queue is connected.
@@ -52,6 +55,7 @@ impl<P> Slot<P> {
             sqe: Sqe::default(),
             plan: None,
             data: None,
+            held: None,
             remote: None,
             invalidate: None,
             connect_fetch: false,
@@ -63,7 +67,7 @@ impl<P> Slot<P> {
 /// What the queue's side tasks hand back.
 pub(crate) enum Done {
     Outcome(u32, Outcome),
-    Buffer(u32, IoBuf),
+    Buffer(u32, IoBuf, Option<millrace_nvmf::share::Held>),
     NoBuffer(u32),
 }
 
@@ -236,6 +240,7 @@ impl<C: Commands> Queue<C> {
         let s = &mut self.slots[c as usize];
         s.busy = false;
         s.data = None;
+        s.held = None;
         s.plan = None;
         self.free.push(c);
         if self.close_after == Some(c) {
@@ -247,8 +252,9 @@ impl<C: Commands> Queue<C> {
     fn on_task(&mut self, d: Done) -> Result<(), Stop> {
         match d {
             Done::Outcome(c, o) => self.respond(c, o),
-            Done::Buffer(c, buf) => {
+            Done::Buffer(c, buf, held) => {
                 self.slots[c as usize].data = Some(buf);
+                self.slots[c as usize].held = held;
                 self.start_read(c)
             }
             Done::NoBuffer(c) => self.respond(c, Outcome::err(Status::INTERNAL_ERROR)),

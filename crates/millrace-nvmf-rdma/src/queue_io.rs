@@ -9,30 +9,39 @@ use millrace_nvmf::cmd::{Cqe, Status, Transfer, CONNECT_DATA_LEN};
 use millrace_rdma::verbs::{Opcode, SendOp};
 
 impl<C: Commands> Queue<C> {
-    /// Takes a pool buffer for `len` bytes of the host's data (waiting for one off the loop when
-    /// the pool is short), then reads the data.
+    /// Takes a pool buffer for `len` bytes of the host's data (its bytes of the host's share
+    /// first; waiting for either off the loop when short), then reads the data.
     pub(crate) fn fetch(&mut self, c: u32, len: usize) -> Result<(), Stop> {
-        match self.pool.pool().try_get(len) {
-            Ok(Some(mut b)) => {
-                b.set_len(len).map_err(|e| Stop::Fatal(e.to_string()))?;
-                self.slots[c as usize].data = Some(b);
-                self.start_read(c)
-            }
-            Ok(None) => {
-                let pool = self.pool.clone();
-                self.tasks.spawn(async move {
-                    match pool.pool().get(len).await {
-                        Ok(mut b) => match b.set_len(len) {
-                            Ok(()) => Done::Buffer(c, b),
-                            Err(_) => Done::NoBuffer(c),
-                        },
-                        Err(_) => Done::NoBuffer(c),
-                    }
-                });
-                Ok(())
-            }
-            Err(_) => self.respond(c, crate::commands::Outcome::err(Status::INVALID_FIELD)),
+        if len > self.pool.pool().max_buf() {
+            return self.respond(c, Outcome::err(Status::INVALID_FIELD));
         }
+        let share = self.cmds.share();
+        let held = share.as_ref().and_then(|s| s.try_take(len));
+        if share.is_none() || held.is_some() {
+            if let Ok(Some(mut b)) = self.pool.pool().try_get(len) {
+                b.set_len(len).map_err(|e| Stop::Fatal(e.to_string()))?;
+                let s = &mut self.slots[c as usize];
+                s.data = Some(b);
+                s.held = held;
+                return self.start_read(c);
+            }
+        }
+        let pool = self.pool.clone();
+        self.tasks.spawn(async move {
+            let held = match (held, share) {
+                (Some(h), _) => Some(h),
+                (None, Some(s)) => Some(s.take(len).await),
+                (None, None) => None,
+            };
+            match pool.pool().get(len).await {
+                Ok(mut b) => match b.set_len(len) {
+                    Ok(()) => Done::Buffer(c, b, held),
+                    Err(_) => Done::NoBuffer(c),
+                },
+                Err(_) => Done::NoBuffer(c),
+            }
+        });
+        Ok(())
     }
 
     /// Posts the RDMA READ of slot `c`'s data, or queues it behind the outstanding ones.
@@ -98,7 +107,10 @@ impl<C: Commands> Queue<C> {
         let cid = self.slots[c as usize].sqe.cid();
         let (status, result) = match o {
             Outcome::Complete { status, result } => (status, result),
-            Outcome::Data { result, data } => return self.respond_data(c, result, data),
+            Outcome::Data { result, data, held } => {
+                self.slots[c as usize].held = held;
+                return self.respond_data(c, result, data);
+            }
             Outcome::Parked => {
                 self.slots[c as usize].parked = true;
                 return Ok(());

@@ -1,12 +1,13 @@
 //! Serving a [`Target`] over NVMe/RDMA: an RDMA CM listener whose queues each get a session of
-//! the target (the same subsystems, allow-lists and namespaces as NVMe/TCP), a data pool
-//! registered once with each device, and the listener named in the target's discovery log
-//! while it serves.
+//! the target (the same subsystems, allow-lists and namespaces as NVMe/TCP) and run on a core
+//! of the data path (the target's, as NVMe/TCP's connections do, or one of the listener's own),
+//! a data pool registered once with each device, and the listener named in the target's
+//! discovery log while it serves.
 
 use crate::port::{self, PortConfig, PortStats, QueueFactory};
 use crate::session::SessionCommands;
 use crate::wire::QueueLimits;
-use millrace_io::{BufPool, PoolConfig};
+use millrace_io::{BufPool, Cores, CoresConfig, PoolConfig};
 use millrace_nvmf::{Target, Transport, TransportInfo};
 use millrace_rdma::cm::Listener;
 use std::net::SocketAddr;
@@ -91,7 +92,9 @@ pub fn listen(
 
 /// As [`listen`], with the data path's shared pool (`millrace serve` gives the one NVMe/TCP
 /// and NBD use, so one bound covers every export): it is registered with each RDMA device,
-/// and its largest buffer caps the transfer size.
+/// and its largest buffer caps the transfer size. The queues run on the target's cores
+/// (`Target::set_data_path`), whose pool this must be; a target given none gets one core of
+/// the listener's own, which stops with the listener (and its queues with it).
 pub fn listen_with_pool(
     target: &Target,
     addr: SocketAddr,
@@ -100,6 +103,21 @@ pub fn listen_with_pool(
     if !millrace_rdma::devices::any() {
         return Err(millrace_rdma::Error::NoDevice);
     }
+    let cores = match target.cores() {
+        Some(c) => c,
+        None => Arc::new(
+            Cores::start(CoresConfig {
+                cores: 1,
+                pool: Some(pool.clone()),
+                ..CoresConfig::default()
+            })
+            .map_err(|e| {
+                millrace_rdma::Error::Invalid(format!(
+                    "cannot start a core for the NVMe/RDMA queues: {e}"
+                ))
+            })?,
+        ),
+    };
     let listener = Listener::bind(addr, 128)?;
     let at = listener.local_addr();
     let cfg = target.config();
@@ -130,7 +148,7 @@ pub fn listen_with_pool(
         let (stats, stop) = (stats.clone(), stop.clone());
         tokio::spawn(async move {
             let _named = guard;
-            if let Err(e) = port::serve(listener, pool, pc, factory, stats, stop).await {
+            if let Err(e) = port::serve(listener, pool, cores, pc, factory, stats, stop).await {
                 tracing::error!(addr = %at, "NVMe/RDMA stopped serving: {e}");
             }
         });

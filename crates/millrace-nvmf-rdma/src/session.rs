@@ -72,7 +72,11 @@ impl SessionCommands {
                             }
                             Outcome::Complete { status, result: 0 }
                         }
-                        IoDone::Read { data, .. } => Outcome::Data { result: 0, data },
+                        IoDone::Read { data, held } => Outcome::Data {
+                            result: 0,
+                            data,
+                            held,
+                        },
                     }
                 }))
             }
@@ -89,7 +93,11 @@ impl SessionCommands {
             let n = data.len().min(len);
             b[..n].copy_from_slice(&data[..n]);
             b[n..].fill(0);
-            Outcome::Data { result, data: b }
+            Outcome::Data {
+                result,
+                data: b,
+                held: None,
+            }
         };
         match self.pool.try_get(len) {
             Ok(Some(b)) => Exec::Now(fill(b)),
@@ -172,5 +180,9 @@ impl Commands for SessionCommands {
 
     fn parked(&mut self) -> Option<mpsc::Receiver<Cqe>> {
         self.parked.take()
+    }
+
+    fn share(&self) -> Option<millrace_nvmf::share::HostShare> {
+        self.s.share().cloned()
     }
 }

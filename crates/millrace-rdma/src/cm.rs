@@ -3,7 +3,10 @@
 //! their own, report their events, and own their queue pair.
 //!
 //! Each accepted id is moved onto an event channel of its own (`rdma_migrate_id`), so a
-//! connection's task waits for its own events and nothing routes events between tasks.
+//! connection's task waits for its own events and nothing routes events between tasks. A
+//! channel's descriptor is registered with the reactor of the runtime that first waits on it,
+//! so a connection accepted on one runtime and served on another (a core of the data path)
+//! takes its events where it runs.
 
 use crate::error::{Error, Result};
 use crate::ffi::{self, Fd, RawAddr};
@@ -20,8 +23,9 @@ pub const MAX_PRIVATE_DATA: usize = 56;
 /// An event channel: the descriptor CM events arrive on.
 struct Channel {
     ch: *mut sys::rdma_event_channel,
-    /// Taken out (deregistered) in Drop before the channel closes its descriptor.
-    afd: Option<AsyncFd<Fd>>,
+    /// Registered on the first wait; taken out (deregistered) in Drop before the channel
+    /// closes its descriptor.
+    afd: tokio::sync::OnceCell<AsyncFd<Fd>>,
 }
 
 // SAFETY: librdmacm's calls on a channel are thread-safe; the pointer is only freed in Drop.
@@ -38,23 +42,32 @@ impl Channel {
         }
         // SAFETY: ch is a live channel.
         let fd = unsafe { (*ch).fd };
-        // SAFETY: the channel (and so fd) outlives the AsyncFd: Drop takes it out first.
-        let afd = unsafe { ffi::watch(fd, "registering the CM channel with tokio") }.inspect_err(
-            |_| {
-                // SAFETY: nothing else uses the channel yet.
-                unsafe { sys::rdma_destroy_event_channel(ch) }
-            },
-        )?;
-        Ok(Arc::new(Channel { ch, afd: Some(afd) }))
+        if let Err(e) = ffi::set_nonblocking(fd) {
+            // SAFETY: nothing else uses the channel yet.
+            unsafe { sys::rdma_destroy_event_channel(ch) };
+            return Err(e);
+        }
+        Ok(Arc::new(Channel {
+            ch,
+            afd: tokio::sync::OnceCell::new(),
+        }))
+    }
+
+    /// The channel's descriptor in the reactor of the runtime that first waits on it.
+    async fn watched(&self) -> Result<&AsyncFd<Fd>> {
+        (self.afd)
+            .get_or_try_init(|| async {
+                // SAFETY: ch is a live channel; the channel (and so fd) outlives the AsyncFd:
+                // Drop takes it out first.
+                unsafe { ffi::watch((*self.ch).fd, "registering the CM channel with tokio") }
+            })
+            .await
     }
 
     /// The next event, copied out and acknowledged (so ids can always be destroyed).
     async fn next(&self) -> Result<CmEvent> {
         loop {
-            let afd = self
-                .afd
-                .as_ref()
-                .expect("the channel is open until dropped");
+            let afd = self.watched().await?;
             let mut guard = afd.readable().await.map_err(|e| Error::Call {
                 call: "waiting for CM events",
                 source: e,
