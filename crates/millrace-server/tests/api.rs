@@ -1,6 +1,8 @@
 //! The HTTP API over real HTTP: each test starts `millrace_server::run` on an ephemeral port
 //! with a home of its own, then talks to it with ureq as any client would.
 
+mod common;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -26,16 +28,6 @@ fn start_in(
     start_with(dir, token, tls, None)
 }
 
-/// Tests start many servers at once: two cores and a 16 MiB pool each, not faulted in.
-fn small_data_path() -> millrace_server::datapath::DataPathConfig {
-    millrace_server::datapath::DataPathConfig {
-        cores: Some(2),
-        cpus: None,
-        buffer_pool_bytes: Some(16 << 20),
-        populate: Some(false),
-    }
-}
-
 fn start_with(
     dir: tempfile::TempDir,
     token: Option<&str>,
@@ -53,39 +45,16 @@ fn start_rdma(
     nvme_rdma: Vec<std::net::SocketAddr>,
 ) -> Server {
     let home = dir.path().join("home");
-    let cfg = millrace_server::ServeConfig {
-        home: home.clone(),
-        api: "127.0.0.1:0".parse().unwrap(),
-        nvme,
-        discovery_port: None,
-        nvme_rdma,
-        nbd_listen: None,
-        token: token.map(str::to_string),
-        tls,
-        http: Default::default(),
-        bench_memory: millrace_server::DEFAULT_BENCH_MEMORY,
-        data_path: small_data_path(),
-    };
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        if let Err(e) = rt.block_on(millrace_server::run(cfg)) {
-            panic!("the server stopped: {e:#}");
-        }
-    });
-    let sf = millrace_server::server_file(&home);
-    let t0 = Instant::now();
-    let url = loop {
-        if let Ok(text) = std::fs::read_to_string(&sf) {
-            if let Ok(f) = serde_json::from_str::<millrace_server::ServerFile>(&text) {
-                break f.url;
-            }
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "the server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let url = common::spawn(
+        millrace_server::ServeConfig {
+            nvme,
+            nvme_rdma,
+            token: token.map(str::to_string),
+            tls,
+            ..common::config(&home)
+        },
+        None,
+    );
     let agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(60)))
@@ -879,20 +848,11 @@ fn a_bad_certificate_stops_the_start_with_a_sentence() {
     std::fs::write(dir.path().join("bad.crt"), "not a certificate").unwrap();
     std::fs::write(dir.path().join("bad.key"), "not a key").unwrap();
     let cfg = millrace_server::ServeConfig {
-        home: dir.path().join("home"),
-        api: "127.0.0.1:0".parse().unwrap(),
-        nvme: None,
-        discovery_port: None,
-        nvme_rdma: Vec::new(),
-        nbd_listen: None,
-        token: None,
         tls: Some(millrace_server::TlsFiles {
             cert: dir.path().join("bad.crt"),
             key: dir.path().join("bad.key"),
         }),
-        http: Default::default(),
-        bench_memory: millrace_server::DEFAULT_BENCH_MEMORY,
-        data_path: small_data_path(),
+        ..common::config(&dir.path().join("home"))
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     let e = rt.block_on(millrace_server::run(cfg)).unwrap_err();

@@ -4,6 +4,8 @@
 //! reads back, and a scrub finds parity consistent. Alone in its test binary: it sends SIGTERM
 //! to its own process, which the server it started catches.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,42 +57,14 @@ fn sigterm_during_heavy_writes_loses_nothing_and_leaves_the_pool_clean() {
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path().join("home");
     let cfg = millrace_server::ServeConfig {
-        home: home.clone(),
-        api: "127.0.0.1:0".parse().unwrap(),
         nvme: Some("127.0.0.1:0".parse().unwrap()),
-        discovery_port: None,
-        nvme_rdma: Vec::new(),
-        nbd_listen: None,
-        token: None,
-        tls: None,
-        http: Default::default(),
-        bench_memory: millrace_server::DEFAULT_BENCH_MEMORY,
-        data_path: millrace_server::datapath::DataPathConfig {
-            cores: Some(2),
-            cpus: None,
-            buffer_pool_bytes: Some(16 << 20),
-            populate: Some(false),
-        },
+        ..common::config(&home)
     };
     let server = std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(millrace_server::run(cfg))
     });
-    let sf = millrace_server::server_file(&home);
-    let t0 = Instant::now();
-    let url = loop {
-        if let Ok(f) = std::fs::read_to_string(&sf)
-            .map_err(|_| ())
-            .and_then(|t| serde_json::from_str::<millrace_server::ServerFile>(&t).map_err(|_| ()))
-        {
-            break f.url;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "the server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let url = common::wait_url(&home, None);
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .build()

@@ -3,6 +3,8 @@
 //! names and foreign `Origin`s are refused, and a bench that would allocate without bound is
 //! refused with a sentence while the server keeps serving (#16 items 2, 4 and 8).
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -18,45 +20,13 @@ struct Server {
 /// Starts a server on 127.0.0.1:0 with these HTTP limits, in a runtime of its own.
 fn start(http: millrace_server::HttpLimits) -> Server {
     let dir = tempfile::tempdir().unwrap();
-    let home = dir.path().join("home");
-    let cfg = millrace_server::ServeConfig {
-        home: home.clone(),
-        api: "127.0.0.1:0".parse().unwrap(),
-        nvme: None,
-        discovery_port: None,
-        nvme_rdma: Vec::new(),
-        nbd_listen: None,
-        token: None,
-        tls: None,
-        http,
-        bench_memory: millrace_server::DEFAULT_BENCH_MEMORY,
-        data_path: millrace_server::datapath::DataPathConfig {
-            cores: Some(2),
-            cpus: None,
-            buffer_pool_bytes: Some(16 << 20),
-            populate: Some(false),
+    let url = common::spawn(
+        millrace_server::ServeConfig {
+            http,
+            ..common::config(&dir.path().join("home"))
         },
-    };
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        if let Err(e) = rt.block_on(millrace_server::run(cfg)) {
-            panic!("the server stopped: {e:#}");
-        }
-    });
-    let sf = millrace_server::server_file(&home);
-    let t0 = Instant::now();
-    let url = loop {
-        if let Ok(text) = std::fs::read_to_string(&sf) {
-            if let Ok(f) = serde_json::from_str::<millrace_server::ServerFile>(&text) {
-                break f.url;
-            }
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "the server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+        None,
+    );
     Server {
         addr: url.trim_start_matches("http://").parse().unwrap(),
         _dir: dir,

@@ -3,59 +3,25 @@
 //! start that cannot bind its ports leaves its pools clean (7b); concurrent creates keep every
 //! entry of pools.json and refuse the duplicate name (7).
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use millrace_array::superblock::{Superblock, SLOT_BYTES};
 use millrace_server::model::CreatePool;
 
+/// A server for `home` with its API on `api`.
 fn config(home: &Path, api: &str) -> millrace_server::ServeConfig {
     millrace_server::ServeConfig {
-        home: home.to_path_buf(),
         api: api.parse().unwrap(),
-        nvme: None,
-        discovery_port: None,
-        nvme_rdma: Vec::new(),
-        nbd_listen: None,
-        token: None,
-        tls: None,
-        http: Default::default(),
-        bench_memory: millrace_server::DEFAULT_BENCH_MEMORY,
-        data_path: millrace_server::datapath::DataPathConfig {
-            cores: Some(2),
-            cpus: None,
-            buffer_pool_bytes: Some(16 << 20),
-            populate: Some(false),
-        },
+        ..common::config(home)
     }
 }
 
 /// Starts a server for `home` in a thread of its own and waits until its server file names
 /// a URL other than `not`.
 fn start(home: &Path, not: Option<&str>) -> String {
-    let cfg = config(home, "127.0.0.1:0");
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        if let Err(e) = rt.block_on(millrace_server::run(cfg)) {
-            panic!("the server stopped: {e:#}");
-        }
-    });
-    let sf = millrace_server::server_file(home);
-    let t0 = Instant::now();
-    loop {
-        if let Ok(text) = std::fs::read_to_string(&sf) {
-            if let Ok(f) = serde_json::from_str::<millrace_server::ServerFile>(&text) {
-                if Some(f.url.as_str()) != not {
-                    return f.url;
-                }
-            }
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "the server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::spawn(config(home, "127.0.0.1:0"), not)
 }
 
 fn create_req(name: &str, drives: &[PathBuf]) -> CreatePool {
