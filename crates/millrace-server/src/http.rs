@@ -3,14 +3,21 @@
 //! connections, and the TLS path (axum-server) gives neither either: a client that opens
 //! thousands of connections and sends half a request on each (slowloris) would hold them all.
 //! Here every connection must finish its request headers (and, on TLS, its handshake) within
-//! `header_timeout`, an idle keep-alive connection is closed after the same time, at most
-//! `max_connections` are served at once (the next ones wait in the kernel's backlog), and an
-//! accept error (EMFILE, ENFILE, ENOBUFS) is logged and waited out, never the end of the loop.
+//! `header_timeout`, an idle keep-alive connection is closed after the same time, a request's
+//! body must arrive whole within `body_timeout` of its headers (hyper has no body timer at all,
+//! and tower-http's resets at every frame, so a body dribbled a byte at a time would hold its
+//! connection for ever), at most `max_connections` are served at once (the next ones wait in
+//! the kernel's backlog), and an accept error (EMFILE, ENFILE, ENOBUFS) is logged and waited
+//! out, never the end of the loop.
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+
+use hyper::body::{Body, Bytes, Frame, SizeHint};
 
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -24,6 +31,10 @@ pub struct HttpLimits {
     /// A connection must send its request headers (and finish its TLS handshake) within this
     /// time of being accepted or of its previous response; otherwise it is closed.
     pub header_timeout: Duration,
+    /// A request's body must arrive whole within this time of its headers; otherwise the
+    /// request is refused (400) and its connection closed. It bounds raw data writes too, so
+    /// it leaves room for the largest one (64 MiB) over a slow link.
+    pub body_timeout: Duration,
     /// The most connections served at once; more wait in the listen backlog.
     pub max_connections: usize,
     /// In-flight requests get this long to finish at shutdown before their connections close.
@@ -37,6 +48,7 @@ impl Default for HttpLimits {
     fn default() -> Self {
         HttpLimits {
             header_timeout: Duration::from_secs(5),
+            body_timeout: Duration::from_secs(30),
             max_connections: 512,
             drain_timeout: Duration::from_secs(10),
             allowed_hosts: Vec::new(),
@@ -94,6 +106,12 @@ pub async fn serve<A: Acceptor>(
     limits: HttpLimits,
     stop: impl Future<Output = ()>,
 ) {
+    let body_timeout = limits.body_timeout;
+    let app = app.layer(axum::middleware::map_request(
+        move |req: axum::extract::Request| async move {
+            req.map(|b| axum::body::Body::new(Deadline::new(b, body_timeout)))
+        },
+    ));
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
     let tls = tls.map(tokio_rustls::TlsAcceptor::from);
@@ -175,6 +193,61 @@ async fn connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     let conn = b.serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
     if let Err(e) = watcher.watch(conn).await {
         tracing::debug!("an API connection ended: {e}");
+    }
+}
+
+/// A request body that must arrive whole by a deadline set when its headers did (see the
+/// module's comment for why hyper's and tower-http's timers do not do). Past the deadline it
+/// fails: the extractor reading it refuses the request, and hyper closes the connection
+/// rather than wait for the rest.
+struct Deadline<B> {
+    inner: B,
+    limit: Duration,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<B> Deadline<B> {
+    fn new(inner: B, limit: Duration) -> Self {
+        Deadline {
+            inner,
+            limit,
+            sleep: Box::pin(tokio::time::sleep(limit)),
+        }
+    }
+}
+
+impl<B> Body for Deadline<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<axum::BoxError>,
+{
+    type Data = Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        match this.sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(format!(
+                "the request body did not arrive within {} s of its headers; send the whole body without pausing",
+                this.limit.as_secs_f64()
+            )
+            .into()))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
