@@ -110,6 +110,23 @@ impl std::str::FromStr for SimSpec {
         if drives == 0 || drives > 64 {
             return Err(format!("a simulated pool has 1 to 64 drives, not {drives}"));
         }
+        // Every drive's pacing becomes a Duration and a sleep: a rate near zero (or an endless
+        // flush) would panic converting it, or hold the bench for centuries.
+        if !(1e6..=1e12).contains(&bytes_per_sec) {
+            return Err(format!(
+                "a simulated drive moves 1M to 1000G bytes a second, not {bytes_per_sec}"
+            ));
+        }
+        if !(1.0..=1e9).contains(&iops) {
+            return Err(format!(
+                "a simulated drive does 1 to 1000M I/Os a second, not {iops}"
+            ));
+        }
+        if flush_latency > Duration::from_secs(1) {
+            return Err(format!(
+                "a simulated drive's flush takes at most 1 s, not {flush_latency:?}"
+            ));
+        }
         Ok(SimSpec {
             drives,
             bytes_per_sec,
@@ -207,6 +224,30 @@ mod tests {
         // A unit of more than one byte is refused, not a panic (a request body may hold it).
         assert!("8x1G/flush=2é".parse::<SimSpec>().is_err());
         assert!("8x1G/flush=é".parse::<SimSpec>().is_err());
+    }
+
+    /// Rates that would panic turning pacing into a Duration (or sleep for centuries), as an
+    /// API bench request may send them, are refused with a sentence.
+    #[test]
+    fn impossible_rates_are_refused() {
+        for bad in [
+            "16x1e-300",
+            "16x0.5",
+            "16x1e300",
+            "16xinf",
+            "16x400M:1e-30",
+            "16x400M:inf",
+            "16x400M:1e300k",
+            "1x1M/flush=18446744073709551615m",
+            "1x1M/flush=2000m",
+        ] {
+            let e = bad.parse::<SimSpec>().expect_err(bad);
+            assert!(e.contains("a simulated drive"), "{bad}: {e}");
+        }
+        for good in ["1x1M:1", "64x1000G:1000M/flush=1000m"] {
+            let s: SimSpec = good.parse().unwrap();
+            let _ = SimDrive::new("s".into(), &s);
+        }
     }
 
     #[test]
