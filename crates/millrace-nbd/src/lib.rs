@@ -269,6 +269,15 @@ impl Peer {
     }
 }
 
+/// Gives back the place `admit` counted for a connection that could not start, and says why.
+fn release(inner: &Inner, peer: &Peer, why: impl std::fmt::Display) {
+    warn!("NBD: dropping the connection from {peer}: {why}");
+    inner
+        .counters
+        .connections_open
+        .fetch_sub(1, Ordering::Relaxed);
+}
+
 /// Resolves once a flag is raised (or its sender is gone, which also means "stop"). Wrapped so
 /// that the watch guard never lives in a future that must be Send.
 pub(crate) async fn raised(rx: &mut watch::Receiver<bool>) {
@@ -387,11 +396,11 @@ impl NbdServer {
         let dp = match self.data_path() {
             Ok(d) => d,
             Err(e) => {
-                warn!("NBD: closing the connection from {peer}: the server has no cores to run it on: {e}");
-                inner
-                    .counters
-                    .connections_open
-                    .fetch_sub(1, Ordering::Relaxed);
+                release(
+                    &inner,
+                    &peer,
+                    format_args!("the server has no cores to run it on: {e}"),
+                );
                 return None;
             }
         };
@@ -399,15 +408,31 @@ impl NbdServer {
         Some(dp.cores.spawn(move || async move {
             match open() {
                 Ok((r, w)) => conn::serve(inner, pool, r, w, peer, only).await,
-                Err(e) => {
-                    warn!("NBD: dropping the connection from {peer}: {e}");
-                    inner
-                        .counters
-                        .connections_open
-                        .fetch_sub(1, Ordering::Relaxed);
-                }
+                Err(e) => release(&inner, &peer, e),
             }
         }))
+    }
+
+    /// Hands an admitted socket to a core, the step both accept loops share: `std` is the
+    /// socket taken off this reactor (`into_std`), `open` registers it with the core's reactor
+    /// there. A socket that could not be taken off gives its place back.
+    fn to_core<S, R, W>(
+        &self,
+        std: io::Result<S>,
+        open: fn(S) -> io::Result<(R, W)>,
+        peer: Peer,
+        only: Option<Arc<str>>,
+    ) where
+        S: Send + 'static,
+        R: AsyncRead + Unpin + 'static,
+        W: AsyncWrite + Unpin + 'static,
+    {
+        match std {
+            Ok(s) => {
+                self.spawn_conn(move || open(s), peer, only);
+            }
+            Err(e) => release(&self.inner, &peer, e),
+        }
     }
 
     /// Adds an export; new connections can use it at once.
@@ -548,23 +573,11 @@ impl NbdServer {
             }
             // Small replies (flush, write acks) must not wait for Nagle.
             let _ = stream.set_nodelay(true);
-            // The socket leaves this reactor and joins its core's.
-            let std = match stream.into_std() {
-                Ok(s) => s,
-                Err(e) => {
-                    warn!("NBD: dropping the connection from {addr}: {e}");
-                    self.inner
-                        .counters
-                        .connections_open
-                        .fetch_sub(1, Ordering::Relaxed);
-                    continue;
-                }
+            let open = |s: std::net::TcpStream| -> io::Result<_> {
+                s.set_nonblocking(true)?;
+                Ok(tokio::net::TcpStream::from_std(s)?.into_split())
             };
-            let open = move || {
-                std.set_nonblocking(true)?;
-                Ok(tokio::net::TcpStream::from_std(std)?.into_split())
-            };
-            self.spawn_conn(open, peer, only.clone());
+            self.to_core(stream.into_std(), open, peer, only.clone());
         }
     }
 
@@ -605,22 +618,11 @@ impl NbdServer {
             if !self.admit(&Peer::Unix) {
                 continue;
             }
-            let std = match stream.into_std() {
-                Ok(s) => s,
-                Err(e) => {
-                    warn!("NBD: dropping a unix-socket connection: {e}");
-                    self.inner
-                        .counters
-                        .connections_open
-                        .fetch_sub(1, Ordering::Relaxed);
-                    continue;
-                }
+            let open = |s: std::os::unix::net::UnixStream| -> io::Result<_> {
+                s.set_nonblocking(true)?;
+                Ok(tokio::net::UnixStream::from_std(s)?.into_split())
             };
-            let open = move || {
-                std.set_nonblocking(true)?;
-                Ok(tokio::net::UnixStream::from_std(std)?.into_split())
-            };
-            self.spawn_conn(open, Peer::Unix, only.clone());
+            self.to_core(stream.into_std(), open, Peer::Unix, only.clone());
         }
     }
 
