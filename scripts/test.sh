@@ -19,6 +19,7 @@ step() {
 
 step "cargo fmt" cargo fmt --all --check
 step "cargo clippy" cargo clippy --workspace --all-targets -q -- -D warnings
+step "modules: no two of a crate import each other" python3 scripts/module-circles.py
 step "cargo test" cargo test --workspace -q
 step "api: openapi conformance (schemathesis)" bash tests/api/schemathesis.sh
 step "dashboard: headless chromium" bash tests/dashboard/run.sh

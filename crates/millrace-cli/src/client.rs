@@ -196,7 +196,7 @@ impl Api {
 
     /// Follows a job to its end with a progress bar; returns its final view.
     pub fn follow_job(&self, id: u64, what: &str) -> Result<Value> {
-        let bar = crate::pool_cmd::progress_bar(what);
+        let bar = crate::format::progress_bar(what);
         loop {
             let j = self.get(&format!("/api/v1/jobs/{id}"))?;
             let done = j["done"].as_u64().unwrap_or(0);

@@ -33,6 +33,18 @@ pub fn table(header: &[&str]) -> Table {
     t
 }
 
+/// A bar for long work (rebuild, scrub, initialisation), the same here and through the API.
+pub fn progress_bar(what: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "{what} {{bar:40}} {{percent:>3}}% eta {{eta}}"
+        ))
+        .unwrap(),
+    );
+    bar
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

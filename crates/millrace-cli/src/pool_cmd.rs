@@ -10,7 +10,7 @@ use millrace_server::model::{
 };
 
 use crate::client::{seg, Api};
-use crate::format::{human, parse_bytes, table};
+use crate::format::{human, parse_bytes, progress_bar, table};
 
 #[derive(Subcommand)]
 pub enum PoolCmd {
@@ -561,17 +561,6 @@ fn print_scrub(
         }
     }
     Ok(())
-}
-
-pub fn progress_bar(what: &str) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new(0);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(&format!(
-            "{what} {{bar:40}} {{percent:>3}}% eta {{eta}}"
-        ))
-        .unwrap(),
-    );
-    bar
 }
 
 fn print_pool(i: &PoolInfo, json: bool) -> Result<()> {
