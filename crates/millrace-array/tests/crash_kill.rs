@@ -15,7 +15,10 @@
 //! long run (18,000 schedules; README, "Failures and crashes").
 
 use std::collections::HashMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
+
+#[path = "common/crash_model.rs"]
+mod crash_model;
+use crash_model::Model;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -31,12 +34,6 @@ const STRIP: u64 = 4096;
 const ROWS: u64 = 24;
 const DATA_OFFSET: u64 = 1 << 20;
 const SIZE: u64 = DATA_OFFSET + STRIP * ROWS;
-
-fn h(b: &[u8]) -> u64 {
-    let mut s = DefaultHasher::new();
-    b.hash(&mut s);
-    s.finish()
-}
 
 struct World {
     drives: Vec<(PathBuf, Arc<FaultyDrive>)>,
@@ -98,41 +95,6 @@ impl World {
             self.drives[m] = (name, d);
         }
         out
-    }
-}
-
-/// What the drives may hold after the crash.
-struct Model {
-    now: Vec<u8>,
-    durable: Vec<u8>,
-    /// Sector -> hashes of contents written since the last completed flush.
-    since: HashMap<usize, Vec<u64>>,
-}
-
-impl Model {
-    fn wrote(&mut self, off: usize, data: &[u8]) {
-        self.now[off..off + data.len()].copy_from_slice(data);
-        for s in off / 4096..(off + data.len()).div_ceil(4096) {
-            let c = h(&self.now[s * 4096..(s + 1) * 4096]);
-            self.since.entry(s).or_default().push(c);
-        }
-    }
-
-    fn flushed(&mut self) {
-        self.durable = self.now.clone();
-        self.since.clear();
-    }
-
-    fn check(&self, got: &[u8], ctx: &str) {
-        for s in 0..got.len() / 4096 {
-            let g = &got[s * 4096..(s + 1) * 4096];
-            let ok = g == &self.durable[s * 4096..(s + 1) * 4096]
-                || self.since.get(&s).is_some_and(|c| c.contains(&h(g)));
-            assert!(
-                ok,
-                "{ctx}: sector {s} holds neither its durable content nor one written since"
-            );
-        }
     }
 }
 
