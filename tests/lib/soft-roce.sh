@@ -34,12 +34,18 @@ soft_roce_up() {
 
 soft_roce_prove() {
   command -v rping >/dev/null || { echo "rping is missing (rdmacm-utils)"; return 1; }
-  timeout 60 rping -s -a "$RDMA_ADDR" -C 3 > /tmp/rping-s.out 2>&1 &
-  local sp=$!
-  sleep 1
-  if ! timeout 60 rping -c -a "$RDMA_ADDR" -C 3 -v > /tmp/rping-c.out 2>&1; then
-    cat /tmp/rping-c.out /tmp/rping-s.out; kill "$sp" 2>/dev/null; return 1
-  fi
-  wait "$sp" || { cat /tmp/rping-s.out; return 1; }
-  grep -q "ping data" /tmp/rping-c.out
+  timeout 90 rping -s -a "$RDMA_ADDR" -C 3 > /tmp/rping-s.out 2>&1 &
+  local sp=$! try
+  # The server may take more than a second to listen on an emulated CPU; a client that comes
+  # too early is rejected (RDMA_CM_EVENT_REJECTED), so it tries again while the server waits.
+  for try in 1 2 3 4 5 6; do
+    sleep "$try"
+    if timeout 20 rping -c -a "$RDMA_ADDR" -C 3 -v > /tmp/rping-c.out 2>&1; then
+      wait "$sp" || { cat /tmp/rping-s.out; return 1; }
+      grep -q "ping data" /tmp/rping-c.out
+      return
+    fi
+    kill -0 "$sp" 2>/dev/null || break
+  done
+  cat /tmp/rping-c.out /tmp/rping-s.out; kill "$sp" 2>/dev/null; return 1
 }
