@@ -5,6 +5,7 @@ pub mod aligned;
 pub mod bitmap;
 pub mod drive;
 pub mod engine;
+pub mod error;
 pub mod fault;
 pub mod geometry;
 pub mod io;

@@ -15,6 +15,8 @@
 //! 4092  crc32c of bytes 0..4092
 //! ```
 
+pub use crate::error::SbError;
+
 use crate::geometry::{Geometry, Level, MAX_MEMBERS};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -89,23 +91,6 @@ pub struct Superblock {
     /// One entry per slot in layout order: (uuid of the drive in that slot, its state), then
     /// one per hot spare.
     pub table: Vec<(Uuid, MemberState)>,
-}
-
-/// Why a superblock slot was not accepted.
-#[derive(Debug, PartialEq, Eq)]
-pub enum SbError {
-    /// No Millrace magic: the drive is blank or belongs to something else.
-    NotMillrace,
-    Corrupt(String),
-}
-
-impl std::fmt::Display for SbError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SbError::NotMillrace => write!(f, "no Millrace superblock"),
-            SbError::Corrupt(why) => write!(f, "a corrupt Millrace superblock ({why})"),
-        }
-    }
 }
 
 impl Superblock {

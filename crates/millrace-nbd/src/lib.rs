@@ -36,6 +36,7 @@
 
 mod conn;
 mod datapath;
+mod error;
 mod handshake;
 pub mod meta;
 pub mod proto;
@@ -55,6 +56,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 pub use datapath::DataPath;
+pub use error::Error;
 pub use ipnet::IpNet;
 
 /// One export: a named block device and who may reach it.
@@ -82,21 +84,6 @@ impl std::fmt::Debug for Export {
             .field("allowed", &self.allowed)
             .finish()
     }
-}
-
-/// What can go wrong when managing exports.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("an export named {0:?} already exists; remove it first")]
-    ExportExists(String),
-    #[error("there is no export named {0:?}")]
-    NoSuchExport(String),
-    #[error("the export name {name:?} is not valid: {why}")]
-    BadName { name: String, why: String },
-    #[error("the description of export {0:?} is longer than the protocol's 4096 bytes")]
-    DescriptionTooLong(String),
-    #[error("the NBD server already runs its connections on other cores; give it its cores and pool before it serves")]
-    DataPathSet,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -23,7 +23,7 @@
 //! ```
 
 // The layers, each using only those below it:
-//   wire:       `cmd` (commands, statuses), `pdu` (NVMe/TCP framing)
+//   wire:       `cmd` (commands, statuses), `pdu` (NVMe/TCP framing), `error` (the API's errors)
 //   model:      subsystems, namespaces, controllers, counters (`model`)
 //   commands:   `admin` (admin commands), `io_commands` (the NVM command set)
 //   share:      each host's share of the buffer pool (`share`)
@@ -32,6 +32,7 @@
 //   target:     the public API and the TCP accept loop (`target`)
 mod admin;
 pub mod cmd;
+mod error;
 pub mod initiator;
 pub mod io_commands;
 mod model;
@@ -42,8 +43,9 @@ mod target;
 mod tcp;
 
 pub use admin::{FIRMWARE, MAX_DEALLOCATE_BYTES, NVME_VERSION};
+pub use error::Error;
 pub use model::{
-    Completer, Error, HostInfo, Namespace, NamespaceInfo, Stats, SubsystemConfig, SubsystemInfo,
+    Completer, HostInfo, Namespace, NamespaceInfo, Stats, SubsystemConfig, SubsystemInfo,
     TargetConfig, Transport, TransportInfo, DEFAULT_DISCOVERY_PORT, DEFAULT_IO_PORT, DISCOVERY_NQN,
 };
 pub use session::{Action, ErrorCounter, Session};

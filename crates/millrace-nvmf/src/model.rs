@@ -6,6 +6,7 @@
 //! admin queue's transport gave it.
 
 use crate::cmd::{Cqe, Status};
+use crate::error::Error;
 use arc_swap::ArcSwap;
 use millrace_block::BlockDevice;
 use parking_lot::{Mutex, RwLock};
@@ -59,21 +60,6 @@ pub struct TransportInfo {
 /// any task: true when the completion was taken, false when the queue cannot take it now (the
 /// event then waits for the next request).
 pub type Completer = Arc<dyn Fn(Cqe) -> bool + Send + Sync>;
-
-/// Errors of the target's management API. They are sentences meant for an operator.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("a subsystem named {0} already exists")]
-    SubsystemExists(String),
-    #[error("no subsystem is named {0}")]
-    NoSuchSubsystem(String),
-    #[error("subsystem {nqn} already has a namespace {nsid}")]
-    NamespaceExists { nqn: String, nsid: u32 },
-    #[error("subsystem {nqn} has no namespace {nsid}")]
-    NoSuchNamespace { nqn: String, nsid: u32 },
-    #[error("{0}")]
-    Invalid(String),
-}
 
 /// Limits and timeouts of the target. Every buffer the target allocates is bounded by these.
 #[derive(Clone, Debug)]

@@ -3,9 +3,10 @@
 //! loop. Another transport (NVMe/RDMA) runs its own listener and asks for a [`Session`] per
 //! queue.
 
+use crate::error::Error;
 use crate::model::{
-    Controllers, Counters, Error, HostInfo, Inner, IoCounters, Namespace, NamespaceInfo, Ns, Port,
-    Stats, Subsystem, SubsystemConfig, SubsystemInfo, TargetConfig, Transport, DISCOVERY_NQN,
+    Controllers, Counters, HostInfo, Inner, IoCounters, Namespace, NamespaceInfo, Ns, Port, Stats,
+    Subsystem, SubsystemConfig, SubsystemInfo, TargetConfig, Transport, DISCOVERY_NQN,
 };
 use crate::session::Session;
 use crate::tcp;

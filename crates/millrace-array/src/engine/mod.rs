@@ -34,6 +34,7 @@ mod stripe;
 mod unlogged;
 mod write;
 
+pub use crate::error::ArrayError;
 pub use scrub::ScrubReport;
 
 use std::io;
@@ -50,28 +51,6 @@ use crate::io::{execute, Op};
 use crate::superblock::MemberState;
 use layout::Layout;
 use millrace_block::{BufResult, IoBuf, IoFuture};
-
-#[derive(Debug, thiserror::Error)]
-pub enum ArrayError {
-    #[error("the range {offset}+{len} bytes lies past the end of the pool ({size} bytes)")]
-    OutOfRange { offset: u64, len: u64, size: u64 },
-    #[error("the pool is offline: group {group} has lost {lost} of its drives but survives the loss of only {tolerance}; bring drives back (`millrace pool import`) before using it")]
-    Offline {
-        group: usize,
-        lost: usize,
-        tolerance: usize,
-    },
-}
-
-impl From<ArrayError> for io::Error {
-    fn from(e: ArrayError) -> io::Error {
-        let kind = match e {
-            ArrayError::OutOfRange { .. } => io::ErrorKind::InvalidInput,
-            ArrayError::Offline { .. } => io::ErrorKind::Other,
-        };
-        io::Error::new(kind, e.to_string())
-    }
-}
 
 pub type Result<T> = std::result::Result<T, ArrayError>;
 

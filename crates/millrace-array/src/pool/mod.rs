@@ -19,20 +19,11 @@ use uuid::Uuid;
 
 use crate::aligned::AlignedBuf;
 use crate::drive::{Drive, FileDrive};
-use crate::engine::{Array, ArrayError, MissingDrive};
+pub use crate::error::PoolError;
+
+use crate::engine::{Array, MissingDrive};
 use crate::geometry::{Geometry, Level, MAX_STRIP};
 use crate::superblock::{MemberState, SbError, Superblock, SLOT_BYTES};
-
-/// An admin-facing failure: always a sentence that says what was wrong and what to do.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct PoolError(pub String);
-
-impl From<ArrayError> for PoolError {
-    fn from(e: ArrayError) -> Self {
-        PoolError(e.to_string())
-    }
-}
 
 pub type Result<T> = std::result::Result<T, PoolError>;
 

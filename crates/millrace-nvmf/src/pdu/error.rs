@@ -1,4 +1,4 @@
-//! Why a PDU was refused.
+//! Why a PDU was refused, or reading one from a stream stopped.
 
 use super::consts::fes;
 
@@ -35,4 +35,13 @@ impl PduError {
             PduError::Unsupported(_) => (fes::UNSUPPORTED_PARAMETER, 0),
         }
     }
+}
+
+/// Why reading a PDU from a stream stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("the connection failed or closed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Pdu(#[from] PduError),
 }

@@ -24,10 +24,10 @@ pub use consts::{
     digest, fes, flags, pdu_type, CH_LEN, CMD_HLEN, DATA_HLEN, DIGEST_LEN, IC_LEN, R2T_HLEN,
     RESP_HLEN, TERM_HLEN, TERM_MAX_DATA,
 };
-pub use error::PduError;
+pub use error::{PduError, ReadError};
 pub use frame::{frame, Ch, Frame, Negotiated, Side};
 pub use head::{decode_head, DataHdr, Head, IcReq, IcResp, R2t};
-pub use stream::{read_data, read_head, skip_data, ReadError};
+pub use stream::{read_data, read_head, skip_data};
 
 #[cfg(test)]
 mod tests;

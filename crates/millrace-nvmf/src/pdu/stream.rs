@@ -2,19 +2,10 @@
 //! the buffer where it belongs (or skipped).
 
 use super::consts::{digest, CH_LEN, DIGEST_LEN};
-use super::error::PduError;
+use super::error::{PduError, ReadError};
 use super::frame::{frame, Ch, Frame, Negotiated, Side};
 use super::head::{decode_head, le32, Head};
 use tokio::io::{AsyncRead, AsyncReadExt};
-
-/// Why reading a PDU from a stream stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum ReadError {
-    #[error("the connection failed or closed: {0}")]
-    Io(#[from] std::io::Error),
-    #[error(transparent)]
-    Pdu(#[from] PduError),
-}
 
 /// Reads the next PDU header from a stream and checks it (header digest included), leaving the
 /// data (and its digest) unread so the caller can place it where it belongs. Returns the

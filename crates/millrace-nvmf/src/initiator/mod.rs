@@ -3,6 +3,10 @@
 //! with many commands in flight; `HostController` connects an admin queue and I/O queues the
 //! way the Linux host does (enable, Identify, Number of Queues, Connect per queue).
 
+mod error;
+
+pub use error::Error;
+
 use crate::cmd::{
     admin, fctype, io, prop, ConnectData, Cqe, DsmRange, Sgl, Sqe, Status, CONNECT_DATA_LEN,
 };
@@ -21,31 +25,6 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
-
-/// Why a host-side operation failed.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("the connection failed: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("the target broke the protocol: {0}")]
-    Protocol(String),
-    #[error("the target ended the connection (fatal error status {fes:#x}, information {fei})")]
-    Terminated { fes: u16, fei: u32 },
-    #[error("the command failed with {0}")]
-    Status(Status, Cqe),
-    #[error("the connection is closed")]
-    Closed,
-}
-
-impl Error {
-    /// The NVMe status, when the target answered the command with one.
-    pub fn status(&self) -> Option<Status> {
-        match self {
-            Error::Status(s, _) => Some(*s),
-            _ => None,
-        }
-    }
-}
 
 /// How a host connects.
 #[derive(Clone, Debug)]
