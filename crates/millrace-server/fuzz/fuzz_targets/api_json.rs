@@ -1,8 +1,10 @@
 //! The HTTP API's JSON bodies and query strings: arbitrary bytes read as each request type a
 //! handler takes (the first byte picks the type), as the handlers' extractors read them. A
 //! body that is accepted must serialise and read back (what the server took can be logged and
-//! replayed), and the strings the server then parses itself (RAID levels, simulated pools,
-//! bench suites) must be refused with a sentence, never a panic.
+//! replayed), the strings the server then parses itself (RAID levels, simulated pools, bench
+//! suites) must be refused with a sentence, never a panic, and a bench request goes through
+//! what the server does with it before it starts a job (simulated drives made, bounds and the
+//! memory budget checked).
 
 #![no_main]
 
@@ -22,15 +24,47 @@ fn level(s: &str) {
     let _ = s.parse::<millrace_array::Level>();
 }
 
+/// What `State::start_bench` does with a request before it starts a job (the simulated
+/// pool's path; a served pool needs a server): the suite, the simulated drives (their pacing
+/// becomes Durations), the level and geometry, the options' bounds and the memory budget.
 fn bench(r: BenchRequest) {
-    if let Some(s) = &r.sim {
-        let _ = s.parse::<millrace_bench::sim::SimSpec>();
-    }
-    if let Some(s) = &r.suite {
-        let _ = millrace_bench::suite(s);
-    }
+    let Ok(workloads) = millrace_bench::suite(r.suite.as_deref().unwrap_or("all")) else {
+        return;
+    };
     if let Some(l) = &r.level {
         level(l);
+    }
+    let Some(Ok(spec)) = r
+        .sim
+        .as_deref()
+        .map(str::parse::<millrace_bench::sim::SimSpec>)
+    else {
+        return;
+    };
+    let Ok(lvl) = r
+        .level
+        .as_deref()
+        .unwrap_or("raid6")
+        .parse::<millrace_array::Level>()
+    else {
+        return;
+    };
+    let strip = r.strip_bytes.unwrap_or(64 << 10);
+    let Ok(setup) = millrace_bench::sim_setup(&spec, lvl, r.group, strip) else {
+        return;
+    };
+    let opts = millrace_bench::Options {
+        workloads,
+        jobs: r.jobs.unwrap_or_else(|| vec![1, 4, 16]),
+        iodepth: r.iodepth.unwrap_or_else(|| vec![1]),
+        bs: r.bs,
+        degraded: r.degraded.unwrap_or_else(|| vec![0, 1, 2]),
+        seconds: r.seconds.unwrap_or(2.0),
+        rebuild: false,
+    };
+    if opts.check().is_ok() {
+        let _ = opts.memory_bytes(&setup);
+        let _ = opts.points();
     }
 }
 
