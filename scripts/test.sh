@@ -24,6 +24,7 @@ step "cargo test" cargo test --workspace -q
 step "api: openapi conformance (schemathesis)" bash tests/api/schemathesis.sh
 step "dashboard: headless chromium" bash tests/dashboard/run.sh
 step "fuzz: nvme/tcp pdu and session, nbd session, api json (short run)" bash scripts/fuzz.sh
+step "soak: NVMe/TCP and NBD clients dropping and reconnecting, 45 s" bash tests/soak/run.sh
 step "nbd: the stock tools (nbdinfo, qemu-img, nbdsh, nbdcopy), trim, fast zero, kill -9" bash tests/nbd/stock-tools.sh
 step "csi: gofmt, go vet, go test, manifests" bash tests/csi/check.sh
 step "csi: csi-sanity, identity and controller, two servers" bash tests/csi/sanity.sh
