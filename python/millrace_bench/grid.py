@@ -4,6 +4,7 @@ few seconds, in one of the modes cpu, cpu-gpu and gds, and fio's run of the same
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import queue
@@ -195,7 +196,7 @@ def _cell_worker(job: tuple, t: int, wait) -> dict:
     mode, path, size, region, pattern, coalesce, seconds = job
     torch = _gpu.torch_module() if mode != "cpu" else None
     f = _io.InputFile(path)
-    cf = handle = None
+    registered: list = []  # (cufile, handle) to deregister
     try:
         fd = f.fd_direct if f.direct else f.fd_buffered
         base = t * region
@@ -206,119 +207,14 @@ def _cell_worker(job: tuple, t: int, wait) -> dict:
             if pattern == "rand"
             else (np.arange(1 << 16) % nblocks) * size
         ).tolist()
-        if mode == "cpu":
-            buf = _io.aligned_empty(size)
-        elif mode == "cpu-gpu":
-            per = _per_copy(coalesce, size)
-            pins = [_gpu.Pinned(per * size) for _ in range(2 if per > 1 else 1)]
-            devs = [torch.empty(per * size, dtype=torch.uint8, device="cuda") for _ in pins]
-            stream = torch.cuda.Stream()
-            torch.cuda.set_stream(stream)
-        else:
-            cf = _gpu.use_gds(True)
-            handle = cf.register(fd)
-            dev = torch.empty(size, dtype=torch.uint8, device="cuda")
-            ptr = dev.data_ptr()
+        loop = _reader(mode, torch, fd, size, coalesce, registered)
         if torch is not None:
             torch.cuda.synchronize()
-        preadv = os.preadv
-        clock = time.perf_counter_ns
-        last = None  # (device buffer, file offsets of the transfers it holds)
-        lat: list = []
-        append = lat.append
-        mask = len(offs) - 1
-        k = 0
         wait()
         c0 = _cpu_seconds()
-        start = t1 = clock()
-        end_ns = start + int(seconds * 1e9)
-        if mode == "cpu":
-            bufs = [memoryview(buf)]
-            while t1 < end_ns:
-                off = base + offs[k & mask]
-                t0 = clock()
-                got = preadv(fd, bufs, off)
-                t1 = clock()
-                append(t1 - t0)
-                k += 1
-                if got != size:
-                    raise OSError(f"short read of {got} bytes at {off}")
-        elif mode == "cpu-gpu" and per == 1:
-            bufs = [memoryview(pins[0].np)]
-            src, dev, sync = pins[0].t, devs[0], stream.synchronize
-            while t1 < end_ns:
-                off = base + offs[k & mask]
-                t0 = clock()
-                got = preadv(fd, bufs, off)
-                dev.copy_(src, non_blocking=True)
-                sync()
-                t1 = clock()
-                append(t1 - t0)
-                k += 1
-                if got != size:
-                    raise OSError(f"short read of {got} bytes at {off}")
-            last = (devs[0], [off])
-        elif mode == "cpu-gpu":
-            slots = [
-                [[memoryview(p.np[i * size : (i + 1) * size])] for i in range(per)] for p in pins
-            ]
-            Event = torch.cuda.Event
-            # The batch in flight: its event, and its transfers' start times. Its transfers'
-            # latency ends when the copy is seen done, which is checked after each read of the
-            # next batch (so it is late by at most one read).
-            pending = None
-
-            def landed(batch) -> None:
-                done = clock()
-                lat.extend(done - s for s in batch[1])
-
-            starts: list = []
-            batch_offs: list = []
-            h = i = 0
-            while t1 < end_ns or i:
-                off = base + offs[k & mask]
-                t0 = clock()
-                got = preadv(fd, slots[h][i], off)
-                t1 = clock()
-                if got != size:
-                    raise OSError(f"short read of {got} bytes at {off}")
-                if pending is not None and pending[0].query():
-                    landed(pending)
-                    pending = None
-                starts.append(t0)
-                batch_offs.append(off)
-                k += 1
-                i += 1
-                if i == per or (t1 >= end_ns and i):
-                    if pending is not None:
-                        # the other pinned buffer is refilled next: its copy must be over
-                        pending[0].synchronize()
-                        landed(pending)
-                    devs[h][: i * size].copy_(pins[h].t[: i * size], non_blocking=True)
-                    ev = Event()
-                    ev.record(stream)
-                    pending = (ev, starts)
-                    last = (devs[h], batch_offs)
-                    starts, batch_offs = [], []
-                    h ^= 1
-                    i = 0
-                    t1 = clock()
-            if pending is not None:
-                pending[0].synchronize()
-                landed(pending)
-        else:
-            read_ = cf.read
-            while t1 < end_ns:
-                off = base + offs[k & mask]
-                t0 = clock()
-                got = read_(handle, ptr, size, off, 0)
-                t1 = clock()
-                append(t1 - t0)
-                k += 1
-                if got != size:
-                    raise OSError(f"short read of {got} bytes at {off}")
-            last = (dev, [off])
-        end = clock()
+        start = time.perf_counter_ns()
+        lat, last = loop(base, offs, start, start + int(seconds * 1e9))
+        end = time.perf_counter_ns()
         cpu = _cpu_seconds() - c0
         verified = None if mode == "cpu" else last is not None and _holds(f, size, *last)
         return {
@@ -329,9 +225,150 @@ def _cell_worker(job: tuple, t: int, wait) -> dict:
             "verified": verified,
         }
     finally:
-        if handle is not None:
+        for cf, handle in registered:
             cf.deregister(handle)
         f.close()
+
+
+def _reader(mode: str, torch, fd: int, size: int, coalesce: int, registered: list):
+    """Sets up one mode's buffers (before the timed part) and returns its read loop:
+    ``loop(base, offs, t1, end_ns) -> (latencies, last)``, where ``last`` is the device buffer
+    and the file offsets of the transfers it holds (None in cpu mode)."""
+    if mode == "cpu":
+        return functools.partial(_loop_cpu, fd, size, _io.aligned_empty(size))
+    if mode == "cpu-gpu":
+        per = _per_copy(coalesce, size)
+        pins = [_gpu.Pinned(per * size) for _ in range(2 if per > 1 else 1)]
+        devs = [torch.empty(per * size, dtype=torch.uint8, device="cuda") for _ in pins]
+        stream = torch.cuda.Stream()
+        torch.cuda.set_stream(stream)
+        if per == 1:
+            return functools.partial(_loop_copy_each, fd, size, pins[0], devs[0], stream)
+        return functools.partial(_loop_batched, torch, fd, size, per, pins, devs, stream)
+    cf = _gpu.use_gds(True)
+    handle = cf.register(fd)
+    registered.append((cf, handle))
+    dev = torch.empty(size, dtype=torch.uint8, device="cuda")
+    return functools.partial(_loop_gds, cf.read, handle, dev, dev.data_ptr(), size)
+
+
+def _loop_cpu(fd, size, buf, base, offs, t1, end_ns):
+    """cpu: each transfer read into one aligned buffer."""
+    preadv, clock = os.preadv, time.perf_counter_ns
+    lat: list = []
+    append = lat.append
+    mask = len(offs) - 1
+    k = 0
+    bufs = [memoryview(buf)]
+    while t1 < end_ns:
+        off = base + offs[k & mask]
+        t0 = clock()
+        got = preadv(fd, bufs, off)
+        t1 = clock()
+        append(t1 - t0)
+        k += 1
+        if got != size:
+            raise OSError(f"short read of {got} bytes at {off}")
+    return lat, None
+
+
+def _loop_copy_each(fd, size, pin, dev, stream, base, offs, t1, end_ns):
+    """cpu-gpu without coalescing: each transfer read into pinned memory, copied to the GPU,
+    and waited for."""
+    preadv, clock = os.preadv, time.perf_counter_ns
+    lat: list = []
+    append = lat.append
+    mask = len(offs) - 1
+    k = 0
+    bufs = [memoryview(pin.np)]
+    src, sync = pin.t, stream.synchronize
+    while t1 < end_ns:
+        off = base + offs[k & mask]
+        t0 = clock()
+        got = preadv(fd, bufs, off)
+        dev.copy_(src, non_blocking=True)
+        sync()
+        t1 = clock()
+        append(t1 - t0)
+        k += 1
+        if got != size:
+            raise OSError(f"short read of {got} bytes at {off}")
+    return lat, (dev, [off])
+
+
+def _loop_batched(torch, fd, size, per, pins, devs, stream, base, offs, t1, end_ns):
+    """cpu-gpu with coalescing: ``per`` transfers read into one pinned buffer, copied to the
+    GPU in one copy while the next batch is read into the other."""
+    preadv, clock = os.preadv, time.perf_counter_ns
+    lat: list = []
+    mask = len(offs) - 1
+    k = 0
+    last = None
+    slots = [[[memoryview(p.np[i * size : (i + 1) * size])] for i in range(per)] for p in pins]
+    Event = torch.cuda.Event
+    # The batch in flight: its event, and its transfers' start times. Its transfers'
+    # latency ends when the copy is seen done, which is checked after each read of the
+    # next batch (so it is late by at most one read).
+    pending = None
+
+    def landed(batch) -> None:
+        done = clock()
+        lat.extend(done - s for s in batch[1])
+
+    starts: list = []
+    batch_offs: list = []
+    h = i = 0
+    while t1 < end_ns or i:
+        off = base + offs[k & mask]
+        t0 = clock()
+        got = preadv(fd, slots[h][i], off)
+        t1 = clock()
+        if got != size:
+            raise OSError(f"short read of {got} bytes at {off}")
+        if pending is not None and pending[0].query():
+            landed(pending)
+            pending = None
+        starts.append(t0)
+        batch_offs.append(off)
+        k += 1
+        i += 1
+        if i == per or (t1 >= end_ns and i):
+            if pending is not None:
+                # the other pinned buffer is refilled next: its copy must be over
+                pending[0].synchronize()
+                landed(pending)
+            devs[h][: i * size].copy_(pins[h].t[: i * size], non_blocking=True)
+            ev = Event()
+            ev.record(stream)
+            pending = (ev, starts)
+            last = (devs[h], batch_offs)
+            starts, batch_offs = [], []
+            h ^= 1
+            i = 0
+            t1 = clock()
+    if pending is not None:
+        pending[0].synchronize()
+        landed(pending)
+    return lat, last
+
+
+def _loop_gds(read_, handle, dev, ptr, size, base, offs, t1, end_ns):
+    """gds: each transfer read by cuFile straight into GPU memory."""
+    clock = time.perf_counter_ns
+    lat: list = []
+    append = lat.append
+    mask = len(offs) - 1
+    k = 0
+    while t1 < end_ns:
+        off = base + offs[k & mask]
+        t0 = clock()
+        got = read_(handle, ptr, size, off, 0)
+        t1 = clock()
+        append(t1 - t0)
+        k += 1
+        if got != size:
+            raise OSError(f"short read of {got} bytes at {off}")
+    return lat, (dev, [off])
 
 
 def _holds(f: _io.InputFile, size: int, dev, offs: list) -> bool:

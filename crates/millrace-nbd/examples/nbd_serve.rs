@@ -202,6 +202,24 @@ async fn run() -> Result<(), String> {
     if a.tcp.is_none() && a.unix.is_none() {
         return Err("give --tcp ADDR, --unix PATH or both".into());
     }
+    let (f, size) = open_file(&a)?;
+    let server = start_server(&a, f, size)?;
+    let mut tasks = listen(&a, &server).await?;
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+        Some(r) = tasks.join_next() => {
+            r.map_err(|e| e.to_string())?.map_err(|e| format!("a listener failed: {e}"))?;
+        }
+    }
+    stop(&a, &server).await;
+    Ok(())
+}
+
+/// The backing file, created or grown to `--size` if asked, and the size to export.
+fn open_file(a: &Args) -> Result<(File, u64), String> {
     let f = OpenOptions::new()
         .read(true)
         .write(!a.read_only)
@@ -220,6 +238,11 @@ async fn run() -> Result<(), String> {
         }
         size = want;
     }
+    Ok((f, size))
+}
+
+/// A server on its own cores and buffer pool, exporting the file.
+fn start_server(a: &Args, f: File, size: u64) -> Result<NbdServer, String> {
     let allowed = a
         .allow
         .iter()
@@ -253,7 +276,14 @@ async fn run() -> Result<(), String> {
             allowed,
         })
         .map_err(|e| e.to_string())?;
+    Ok(server)
+}
 
+/// One task per listener asked for, each serving until the server shuts down.
+async fn listen(
+    a: &Args,
+    server: &NbdServer,
+) -> Result<tokio::task::JoinSet<io::Result<()>>, String> {
     let mut tasks = tokio::task::JoinSet::new();
     if let Some(addr) = &a.tcp {
         let l = tokio::net::TcpListener::bind(addr)
@@ -272,15 +302,11 @@ async fn run() -> Result<(), String> {
         let s = server.clone();
         tasks.spawn(async move { s.serve_unix(l).await });
     }
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-        Some(r) = tasks.join_next() => {
-            r.map_err(|e| e.to_string())?.map_err(|e| format!("a listener failed: {e}"))?;
-        }
-    }
+    Ok(tasks)
+}
+
+/// Shuts the server down, gives connections a moment to finish, and says what it served.
+async fn stop(a: &Args, server: &NbdServer) {
     server.shutdown();
     // Connections finish their requests in flight; give them a moment before exiting.
     for _ in 0..50 {
@@ -297,5 +323,4 @@ async fn run() -> Result<(), String> {
         "nbd_serve: stopped after {} connections, {} requests, {} bytes read, {} bytes written",
         st.connections_total, st.ops, st.bytes_read, st.bytes_written
     );
-    Ok(())
 }

@@ -294,43 +294,13 @@ fn fill(dev: &dyn BlockDevice, chunk: u64) -> std::io::Result<()> {
     dev.flush()
 }
 
-fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+type Error = Box<dyn std::error::Error>;
+
+fn main() -> std::result::Result<(), Error> {
     let a = Args::parse();
     let tmp = (a.dir.is_none() && !a.mem)
         .then(|| std::env::temp_dir().join(format!("millrace-nvmf-bench-{}", std::process::id())));
-    let mut pool = None;
-    let dev: Arc<dyn BlockDevice> = if a.mem {
-        Arc::new(MemBlockDevice::new(
-            (a.drive_mib * (a.drives as u64 - 2)) << 20,
-        ))
-    } else {
-        let dir = a.dir.clone().or(tmp.clone()).expect("a folder");
-        std::fs::create_dir_all(&dir)?;
-        let paths: Vec<PathBuf> = (0..a.drives)
-            .map(|i| dir.join(format!("d{i}.img")))
-            .collect();
-        let opts = CreateOptions {
-            name: "nvmfbench".into(),
-            level: Level::Raid6,
-            strip: 64 << 10,
-            group: None,
-            data_offset: None,
-            create_size: Some(a.drive_mib << 20),
-            force: false,
-        };
-        let p = Pool::create(&opts, &paths)?;
-        let array = p.array().clone();
-        pool = Some(p);
-        array
-    };
-    let what = if a.mem {
-        "RAM block device".to_string()
-    } else {
-        format!(
-            "RAID6 pool, {} drive files of {} MiB, 64 KiB strips",
-            a.drives, a.drive_mib
-        )
-    };
+    let Volume { dev, pool, what } = open_device(&a, tmp.clone())?;
     let size = dev.size_bytes() / SEQ * SEQ;
     let t = Instant::now();
     fill(dev.as_ref(), dev.preferred_io_bytes() * 4)?;
@@ -350,27 +320,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         .thread_name("initiator")
         .enable_all()
         .build()?;
-    let target = Target::new(TargetConfig::default());
-    target.add_subsystem(SubsystemConfig {
-        nqn: NQN.into(),
-        serial: "MR-BENCH".into(),
-        model: "Millrace bench".into(),
-        namespaces: vec![Namespace {
-            nsid: 1,
-            dev: dev.clone(),
-            uuid: [0xb1; 16],
-            nguid: [0xb2; 16],
-        }],
-        allowed_hosts: vec![HOST.into()],
-        allow_any_host: false,
-    })?;
-    let addr = target_rt.block_on(async {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = l.local_addr()?;
-        let t = target.clone();
-        tokio::spawn(async move { t.serve(l).await });
-        std::io::Result::Ok(addr)
-    })?;
+    let (target, addr) = start_target(&target_rt, &dev)?;
     let opts = HostOptions {
         hostnqn: HOST.into(),
         queue_size: 128,
@@ -384,48 +334,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let remote = client_rt.block_on(ctrl.io[0].read(1, probe, 2, BLOCK as u32))?;
     assert_eq!(remote, local, "NVMe/TCP and in-process reads disagree");
 
-    let mut runs: Vec<(Work, usize)> = a.depths.iter().map(|&d| (Work::Rand4k, d)).collect();
-    runs.push((Work::Seq128k, a.seq_depth));
-    println!(
-        "\n{what}; {} I/O queues over 127.0.0.1, {} s per run\n",
-        ctrl.io.len(),
-        a.seconds
-    );
-    println!(
-        "| workload | in flight | NVMe/TCP | in-process | ratio | p50 / p99 us NVMe/TCP | p50 / p99 us in-process | CPU us per I/O NVMe/TCP (target + initiator) | CPU us per I/O in-process |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|");
-    let mut json = Vec::new();
-    for (work, depth) in runs {
-        let mut n = client_rt.block_on(over_nvmf(&ctrl.io, work, depth, size, a.seconds));
-        let mut l = in_process(&dev, work, depth, a.seconds);
-        let (nv, lv, unit) = match work {
-            Work::Rand4k => (n.iops(), l.iops(), "IOPS"),
-            Work::Seq128k => (n.gbps(), l.gbps(), "GB/s"),
-        };
-        let fmt = |v: f64| match work {
-            Work::Rand4k => format!("{:.0} {unit}", v),
-            Work::Seq128k => format!("{:.2} {unit}", v),
-        };
-        let (n50, n99, l50, l99) = (n.pct(0.5), n.pct(0.99), l.pct(0.5), l.pct(0.99));
-        let (ncpu, lcpu) = (n.cpu_us_per_io(), l.cpu_us_per_io());
-        let (tcpu, icpu) = n
-            .split
-            .map(|(t, i)| (t / n.ops.max(1) as f64 * 1e6, i / n.ops.max(1) as f64 * 1e6))
-            .unwrap_or_default();
-        println!(
-            "| {} | {depth} | {} | {} | {:.2} | {n50} / {n99} | {l50} / {l99} | {ncpu:.0} ({tcpu:.0} + {icpu:.0}) | {lcpu:.0} |",
-            work.name(),
-            fmt(nv),
-            fmt(lv),
-            nv / lv
-        );
-        json.push(format!(
-            "{{\"workload\":\"{}\",\"in_flight\":{depth},\"unit\":\"{unit}\",\"nvmf\":{nv:.3},\"in_process\":{lv:.3},\"ratio\":{:.4},\"nvmf_p50_us\":{n50},\"nvmf_p99_us\":{n99},\"in_process_p50_us\":{l50},\"in_process_p99_us\":{l99},\"nvmf_cpu_us_per_io\":{ncpu:.1},\"target_cpu_us_per_io\":{tcpu:.1},\"initiator_cpu_us_per_io\":{icpu:.1},\"in_process_cpu_us_per_io\":{lcpu:.1}}}",
-            work.name(),
-            nv / lv
-        ));
-    }
+    let json = compare(&a, &client_rt, &ctrl, &dev, size, &what);
     if let Some(p) = &a.json {
         std::fs::write(
             p,
@@ -449,4 +358,140 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         let _ = std::fs::remove_dir_all(dir);
     }
     Ok(())
+}
+
+/// The volume measured, the pool to close at the end, and a line that says what it is.
+struct Volume {
+    dev: Arc<dyn BlockDevice>,
+    pool: Option<Pool>,
+    what: String,
+}
+
+/// A RAID6 pool over drive files in `tmp` or `--dir`, or a RAM device.
+fn open_device(a: &Args, tmp: Option<PathBuf>) -> std::result::Result<Volume, Error> {
+    if a.mem {
+        let dev = Arc::new(MemBlockDevice::new(
+            (a.drive_mib * (a.drives as u64 - 2)) << 20,
+        ));
+        return Ok(Volume {
+            dev,
+            pool: None,
+            what: "RAM block device".to_string(),
+        });
+    }
+    let dir = a.dir.clone().or(tmp).expect("a folder");
+    std::fs::create_dir_all(&dir)?;
+    let paths: Vec<PathBuf> = (0..a.drives)
+        .map(|i| dir.join(format!("d{i}.img")))
+        .collect();
+    let opts = CreateOptions {
+        name: "nvmfbench".into(),
+        level: Level::Raid6,
+        strip: 64 << 10,
+        group: None,
+        data_offset: None,
+        create_size: Some(a.drive_mib << 20),
+        force: false,
+    };
+    let p = Pool::create(&opts, &paths)?;
+    let array: Arc<dyn BlockDevice> = p.array().clone();
+    let what = format!(
+        "RAID6 pool, {} drive files of {} MiB, 64 KiB strips",
+        a.drives, a.drive_mib
+    );
+    Ok(Volume {
+        dev: array,
+        pool: Some(p),
+        what,
+    })
+}
+
+/// A target exporting `dev` as namespace 1 of the bench's subsystem, serving on a free port
+/// of 127.0.0.1 from `rt`.
+fn start_target(
+    rt: &tokio::runtime::Runtime,
+    dev: &Arc<dyn BlockDevice>,
+) -> std::result::Result<(Target, std::net::SocketAddr), Error> {
+    let target = Target::new(TargetConfig::default());
+    target.add_subsystem(SubsystemConfig {
+        nqn: NQN.into(),
+        serial: "MR-BENCH".into(),
+        model: "Millrace bench".into(),
+        namespaces: vec![Namespace {
+            nsid: 1,
+            dev: dev.clone(),
+            uuid: [0xb1; 16],
+            nguid: [0xb2; 16],
+        }],
+        allowed_hosts: vec![HOST.into()],
+        allow_any_host: false,
+    })?;
+    let addr = rt.block_on(async {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = l.local_addr()?;
+        let t = target.clone();
+        tokio::spawn(async move { t.serve(l).await });
+        std::io::Result::Ok(addr)
+    })?;
+    Ok((target, addr))
+}
+
+/// Runs each workload over NVMe/TCP and in-process, prints the table, and returns one JSON
+/// object per row.
+fn compare(
+    a: &Args,
+    client_rt: &tokio::runtime::Runtime,
+    ctrl: &HostController,
+    dev: &Arc<dyn BlockDevice>,
+    size: u64,
+    what: &str,
+) -> Vec<String> {
+    let mut runs: Vec<(Work, usize)> = a.depths.iter().map(|&d| (Work::Rand4k, d)).collect();
+    runs.push((Work::Seq128k, a.seq_depth));
+    println!(
+        "\n{what}; {} I/O queues over 127.0.0.1, {} s per run\n",
+        ctrl.io.len(),
+        a.seconds
+    );
+    println!(
+        "| workload | in flight | NVMe/TCP | in-process | ratio | p50 / p99 us NVMe/TCP | p50 / p99 us in-process | CPU us per I/O NVMe/TCP (target + initiator) | CPU us per I/O in-process |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let mut json = Vec::new();
+    for (work, depth) in runs {
+        let n = client_rt.block_on(over_nvmf(&ctrl.io, work, depth, size, a.seconds));
+        let l = in_process(dev, work, depth, a.seconds);
+        json.push(row(work, depth, n, l));
+    }
+    json
+}
+
+/// Prints one row of the table and returns it as a JSON object.
+fn row(work: Work, depth: usize, mut n: Result, mut l: Result) -> String {
+    let (nv, lv, unit) = match work {
+        Work::Rand4k => (n.iops(), l.iops(), "IOPS"),
+        Work::Seq128k => (n.gbps(), l.gbps(), "GB/s"),
+    };
+    let fmt = |v: f64| match work {
+        Work::Rand4k => format!("{:.0} {unit}", v),
+        Work::Seq128k => format!("{:.2} {unit}", v),
+    };
+    let (n50, n99, l50, l99) = (n.pct(0.5), n.pct(0.99), l.pct(0.5), l.pct(0.99));
+    let (ncpu, lcpu) = (n.cpu_us_per_io(), l.cpu_us_per_io());
+    let (tcpu, icpu) = n
+        .split
+        .map(|(t, i)| (t / n.ops.max(1) as f64 * 1e6, i / n.ops.max(1) as f64 * 1e6))
+        .unwrap_or_default();
+    println!(
+        "| {} | {depth} | {} | {} | {:.2} | {n50} / {n99} | {l50} / {l99} | {ncpu:.0} ({tcpu:.0} + {icpu:.0}) | {lcpu:.0} |",
+        work.name(),
+        fmt(nv),
+        fmt(lv),
+        nv / lv
+    );
+    format!(
+        "{{\"workload\":\"{}\",\"in_flight\":{depth},\"unit\":\"{unit}\",\"nvmf\":{nv:.3},\"in_process\":{lv:.3},\"ratio\":{:.4},\"nvmf_p50_us\":{n50},\"nvmf_p99_us\":{n99},\"in_process_p50_us\":{l50},\"in_process_p99_us\":{l99},\"nvmf_cpu_us_per_io\":{ncpu:.1},\"target_cpu_us_per_io\":{tcpu:.1},\"initiator_cpu_us_per_io\":{icpu:.1},\"in_process_cpu_us_per_io\":{lcpu:.1}}}",
+        work.name(),
+        nv / lv
+    )
 }

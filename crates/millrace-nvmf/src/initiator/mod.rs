@@ -4,17 +4,13 @@
 //! way the Linux host does (enable, Identify, Number of Queues, Connect per queue).
 
 mod error;
+mod reader;
 
 pub use error::Error;
 
-use crate::cmd::{
-    admin, fctype, io, prop, ConnectData, Cqe, DsmRange, Sgl, Sqe, Status, CONNECT_DATA_LEN,
-};
+use crate::cmd::{admin, fctype, io, prop, ConnectData, Cqe, DsmRange, Sgl, Sqe, CONNECT_DATA_LEN};
 use crate::model::DISCOVERY_NQN;
-use crate::pdu::{
-    self, encode, read_data, read_head, skip_data, DataHdr, Head, IcReq, Negotiated, ReadError,
-    Side,
-};
+use crate::pdu::{encode, read_head, Head, IcReq, Negotiated, ReadError, Side};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -145,7 +141,7 @@ impl HostQueue {
             max_data: u32::MAX,
         };
         let align = (r.cpda as usize + 1) * 4;
-        let reader = tokio::spawn(reader(rd, sh.clone(), neg, align));
+        let reader = tokio::spawn(reader::reader(rd, sh.clone(), neg, align));
         Ok(HostQueue {
             sh,
             next_cid: AtomicU16::new(0),
@@ -392,142 +388,6 @@ fn read_err(e: ReadError) -> Error {
     match e {
         ReadError::Io(e) => Error::Io(e),
         ReadError::Pdu(e) => Error::Protocol(e.to_string()),
-    }
-}
-
-fn fail_all(sh: &Shared, why: impl Fn() -> Error) {
-    sh.closed.store(true, Ordering::Relaxed);
-    for (_, w) in sh.waiters.lock().drain() {
-        let _ = w.tx.send(Err(why()));
-    }
-}
-
-async fn reader(
-    mut rd: BufReader<tokio::net::tcp::OwnedReadHalf>,
-    sh: Arc<Shared>,
-    neg: Negotiated,
-    _align: usize,
-) {
-    loop {
-        let (head, f, _) = match read_head(&mut rd, Side::Host, &neg).await {
-            Ok(x) => x,
-            Err(e) => {
-                let msg = e.to_string();
-                fail_all(&sh, || Error::Protocol(msg.clone()));
-                return;
-            }
-        };
-        match head {
-            Head::Resp(cqe) => {
-                if let Some(w) = sh.waiters.lock().remove(&cqe.cid) {
-                    let _ = w.tx.send(Ok(Completion {
-                        cqe,
-                        data: w.read_buf,
-                    }));
-                }
-            }
-            Head::C2HData(d) => {
-                let w = sh.waiters.lock().remove(&d.cccid);
-                let Some(mut w) = w else {
-                    let _ = skip_data(&mut rd, &f).await;
-                    continue;
-                };
-                let off = d.datao as usize;
-                if off != w.received || off + f.data_len > w.read_buf.len() {
-                    let _ = w.tx.send(Err(Error::Protocol(format!(
-                        "C2HData at {off}+{} does not fit the {}-byte read",
-                        f.data_len,
-                        w.read_buf.len()
-                    ))));
-                    fail_all(&sh, || Error::Closed);
-                    return;
-                }
-                match read_data(&mut rd, &f, &mut w.read_buf[off..off + f.data_len]).await {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        let _ = w.tx.send(Err(Error::Protocol(
-                            "a C2HData digest did not match".into(),
-                        )));
-                        fail_all(&sh, || Error::Closed);
-                        return;
-                    }
-                    Err(e) => {
-                        let _ = w.tx.send(Err(Error::Io(e)));
-                        fail_all(&sh, || Error::Closed);
-                        return;
-                    }
-                }
-                w.received += f.data_len;
-                if d.success {
-                    let cqe = Cqe::new(d.cccid, Status::SUCCESS, 0);
-                    let _ = w.tx.send(Ok(Completion {
-                        cqe,
-                        data: w.read_buf,
-                    }));
-                } else {
-                    sh.waiters.lock().insert(d.cccid, w);
-                }
-            }
-            Head::R2t(r) => {
-                let data = sh
-                    .waiters
-                    .lock()
-                    .get(&r.cccid)
-                    .and_then(|w| w.write_data.clone());
-                let Some(data) = data else {
-                    fail_all(&sh, || {
-                        Error::Protocol("an R2T named a command with no data to send".into())
-                    });
-                    return;
-                };
-                let (start, len) = (r.r2to as usize, r.r2tl as usize);
-                if start.checked_add(len).is_none_or(|e| e > data.len()) || len == 0 {
-                    fail_all(&sh, || {
-                        Error::Protocol("an R2T asked for data outside the command".into())
-                    });
-                    return;
-                }
-                // Send from another task so this one keeps reading.
-                let sh2 = sh.clone();
-                tokio::spawn(async move {
-                    let mut w = sh2.wr.lock().await;
-                    let mut off = start;
-                    while off < start + len {
-                        let n = (start + len - off).min(sh2.maxh2cdata);
-                        let h = DataHdr {
-                            cccid: r.cccid,
-                            ttag: r.ttag,
-                            datao: off as u32,
-                            datal: n as u32,
-                            last: off + n == start + len,
-                            success: false,
-                        };
-                        let chunk = &data[off..off + n];
-                        let hd =
-                            pdu::encode_head(&Head::H2CData(h), chunk, sh2.hdgst, sh2.ddgst, 1);
-                        let mut r = w.write_all(&hd).await;
-                        if r.is_ok() {
-                            r = w.write_all(chunk).await;
-                        }
-                        if r.is_ok() && sh2.ddgst {
-                            r = w.write_all(&pdu::digest(chunk).to_le_bytes()).await;
-                        }
-                        if r.is_err() {
-                            return;
-                        }
-                        off += n;
-                    }
-                });
-            }
-            Head::TermReq { fes, fei, .. } => {
-                fail_all(&sh, || Error::Terminated { fes, fei });
-                return;
-            }
-            _ => {
-                fail_all(&sh, || Error::Protocol("an unexpected PDU type".into()));
-                return;
-            }
-        }
     }
 }
 
