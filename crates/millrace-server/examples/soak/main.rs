@@ -5,8 +5,8 @@
 //! and HTTP requests sent half and complete. Each client owns a range of blocks and writes them
 //! in passes, each pass's data its own; a block that an unacknowledged write (dropped or
 //! abandoned) may still reach is never written again, so every block's last acknowledged write
-//! must read back: right after it, and at the end over a fresh controller or connection. Exits
-//! non-zero if one does not.
+//! must read back right after it, and at the end (over a fresh controller or connection) that
+//! write or the later unacknowledged one, nothing else. Exits non-zero if one does not.
 //!
 //! Usage: soak NVME_ADDR NQN API_ADDR SECONDS CLIENTS VOLUME_BYTES SALT NBD_SOCKET NBD_EXPORT
 //! NBD_VOLUME_BYTES (SALT: a run's own data, so blocks written by an earlier run with another
@@ -61,6 +61,10 @@ struct Shared {
     /// Each block's last acknowledged pass over NVMe/TCP, and over NBD (another volume).
     acked: Mutex<BTreeMap<u64, u64>>,
     nbd_acked: Mutex<BTreeMap<u64, u64>>,
+    /// The pass of the unacknowledged write each tainted block last saw (it may have landed
+    /// after the block's last acknowledged write, or not), NVMe/TCP and NBD.
+    unacked: Mutex<BTreeMap<u64, u64>>,
+    nbd_unacked: Mutex<BTreeMap<u64, u64>>,
     /// Writes acknowledged, NVMe/TCP and NBD.
     writes: Mutex<[u64; 2]>,
     counts: Mutex<Counts>,
@@ -169,6 +173,7 @@ async fn dropped_write(s: &Shared, client: u64, r: &mut Range, wait_us: u64) {
     };
     let Some(t) = r.take() else { return };
     r.taint(t);
+    s.unacked.lock().insert(t.0, t.1);
     let q = c.io[0].clone();
     let per = BLOCK / lba as u64;
     let w = tokio::spawn(async move { q.write(1, t.0 * per, pattern(t), lba).await });
@@ -205,6 +210,7 @@ async fn nbd_dropped(s: &Shared, r: &mut Range) {
     };
     if let Some(t) = r.take() {
         r.taint(t);
+        s.nbd_unacked.lock().insert(t.0, t.1);
         c.half_write(t.0 * BLOCK, &pattern(t)).await;
     }
 }
@@ -299,29 +305,53 @@ async fn client(
     Ok(())
 }
 
-/// How many acknowledged blocks read back wrong: NVMe/TCP's over a fresh controller, NBD's
-/// over a fresh connection.
-async fn lost(s: &Shared) -> Result<(usize, usize), String> {
+/// What a block read back at the end held.
+#[derive(Default, Clone, Copy)]
+struct Tally {
+    /// Neither its last acknowledged write nor a later unacknowledged one: lost.
+    wrong: usize,
+    /// A later unacknowledged write's data, which may land.
+    landed: usize,
+}
+
+impl Tally {
+    fn judge(&mut self, back: &[u8], (b, pass): (u64, u64), unacked: &BTreeMap<u64, u64>) {
+        if back == pattern((b, pass)) {
+            return;
+        }
+        match unacked.get(&b) {
+            Some(&u) if u > pass && back == pattern((b, u)) => self.landed += 1,
+            _ => self.wrong += 1,
+        }
+    }
+}
+
+/// What the acknowledged blocks read back at the end: NVMe/TCP's over a fresh controller,
+/// NBD's over a fresh connection.
+async fn lost(s: &Shared) -> Result<(Tally, Tally), String> {
     let acked = s.acked.lock().clone();
+    let unacked = s.unacked.lock().clone();
     let c = HostController::connect(s.nvme, &s.nqn, &host(999_999), 1)
         .await
         .map_err(|e| format!("a fresh controller after the soak: {e}"))?;
     let lba = lba_bytes(&c).await.ok_or("identify failed")?;
     let per = BLOCK / lba as u64;
-    let mut nvme = 0;
+    let mut nvme = Tally::default();
     for (&b, &pass) in &acked {
         let back = c.io[0]
             .read(1, b * per, per as u32, lba)
             .await
             .map_err(|e| format!("reading block {b} back: {e}"))?;
-        nvme += usize::from(back != pattern((b, pass)));
+        nvme.judge(&back, (b, pass), &unacked);
     }
     let _ = c.shutdown().await;
     let acked = s.nbd_acked.lock().clone();
+    let unacked = s.nbd_unacked.lock().clone();
     let mut c = nbd::Nbd::connect(&s.nbd_sock, &s.nbd_export).await?;
-    let mut nbd = 0;
+    let mut nbd = Tally::default();
     for (&b, &pass) in &acked {
-        nbd += usize::from(c.read(b * BLOCK, BLOCK as u32).await? != pattern((b, pass)));
+        let back = c.read(b * BLOCK, BLOCK as u32).await?;
+        nbd.judge(&back, (b, pass), &unacked);
     }
     c.disconnect().await;
     Ok((nvme, nbd))
@@ -346,6 +376,8 @@ async fn main() {
         nbd_export: a[9].clone(),
         acked: Mutex::default(),
         nbd_acked: Mutex::default(),
+        unacked: Mutex::default(),
+        nbd_unacked: Mutex::default(),
         writes: Mutex::default(),
         counts: Mutex::default(),
     });
@@ -368,7 +400,7 @@ async fn main() {
             failed = true;
         }
     }
-    let (nvme_lost, nbd_lost) = match lost(&s).await {
+    let (nvme, nbd) = match lost(&s).await {
         Ok(l) => l,
         Err(e) => {
             eprintln!("soak: reading back failed: {e}");
@@ -380,11 +412,11 @@ async fn main() {
     let [w, nbd_w] = *s.writes.lock();
     let mib = |n: u64| (n * BLOCK) >> 20;
     println!(
-        "soak: {clients} clients for {seconds} s: NVMe/TCP {} write rounds and {} dropped writes, {w} acknowledged writes ({} MiB, each read back at once), {acked} blocks read back at the end, {nvme_lost} wrong; NBD {} write rounds and {} abandoned writes, {nbd_w} acknowledged writes ({} MiB, each read back at once), {nbd_acked} blocks read back at the end, {nbd_lost} wrong; {} half ICReqs and half HTTP requests, {} HTTP requests",
-        n.nvme_rounds, n.nvme_dropped, mib(w), n.nbd_rounds, n.nbd_dropped, mib(nbd_w), n.half, n.http
+        "soak: {clients} clients for {seconds} s: NVMe/TCP {} write rounds and {} dropped writes, {w} acknowledged writes ({} MiB, each read back at once), {acked} blocks read back at the end, {} wrong, {} held a later dropped write; NBD {} write rounds and {} abandoned writes, {nbd_w} acknowledged writes ({} MiB, each read back at once), {nbd_acked} blocks read back at the end, {} wrong, {} held a later abandoned write; {} half ICReqs and half HTTP requests, {} HTTP requests",
+        n.nvme_rounds, n.nvme_dropped, mib(w), nvme.wrong, nvme.landed, n.nbd_rounds, n.nbd_dropped, mib(nbd_w), nbd.wrong, nbd.landed, n.half, n.http
     );
     let _ = std::io::stdout().flush();
-    if failed || nvme_lost + nbd_lost > 0 || acked == 0 || nbd_acked == 0 {
+    if failed || nvme.wrong + nbd.wrong > 0 || acked == 0 || nbd_acked == 0 {
         std::process::exit(1);
     }
 }
