@@ -21,6 +21,7 @@ step "cargo fmt" cargo fmt --all --check
 step "cargo clippy" cargo clippy --workspace --all-targets -q -- -D warnings
 step "modules: no two of a crate import each other" python3 scripts/module-circles.py
 step "sizes: no function over 100 lines, no file over 800" python3 scripts/code-sizes.py
+step "dependencies: none unused (cargo machete)" bash scripts/unused-deps.sh
 step "cargo test" cargo test --workspace -q
 step "api: openapi conformance (schemathesis)" bash tests/api/schemathesis.sh
 step "dashboard: headless chromium" bash tests/dashboard/run.sh
