@@ -74,7 +74,7 @@ def blank_rust(text):
             # A char literal ('a', '{', '\n', '\u{7f}'), or a lifetime ('a), which has no
             # closing quote right after its first character.
             if i + 1 < n and text[i + 1] == "\\":
-                j = text.find("'", i + 2)
+                j = text.find("'", i + 3)
                 j = n if j < 0 else j + 1
             elif i + 2 < n and text[i + 2] == "'":
                 j = i + 3
