@@ -3,10 +3,11 @@
 //! dropped in the middle of a write, NBD connections that write and read back, NBD writes
 //! abandoned half-way through their payload, connections that send half an ICReq and vanish,
 //! and HTTP requests sent half and complete. Each client owns a range of blocks and writes them
-//! in passes, each pass's data its own; a block that an unacknowledged write (dropped or
-//! abandoned) may still reach is never written again, so every block's last acknowledged write
-//! must read back right after it, and at the end (over a fresh controller or connection) that
-//! write or the later unacknowledged one, nothing else. Exits non-zero if one does not.
+//! in passes, each pass's data its own; a block that a dropped NVMe/TCP write may still reach
+//! is never written again (an abandoned NBD write has no whole payload, so none of it may
+//! land), so every block's last acknowledged write must read back right after it, and at the
+//! end (over a fresh controller or connection) that write or a later dropped one, nothing else.
+//! Exits non-zero if one does not.
 //!
 //! Usage: soak NVME_ADDR NQN API_ADDR SECONDS CLIENTS VOLUME_BYTES SALT NBD_SOCKET NBD_EXPORT
 //! NBD_VOLUME_BYTES (SALT: a run's own data, so blocks written by an earlier run with another
@@ -203,13 +204,14 @@ async fn nbd_writes(s: &Shared, r: &mut Range, polite: bool) -> Result<(), Strin
     Ok(())
 }
 
-/// An NBD write abandoned half-way through its payload: that block is never written again.
+/// An NBD write abandoned half-way through its payload: none of it may land.
 async fn nbd_dropped(s: &Shared, r: &mut Range) {
     let Ok(c) = nbd::Nbd::connect(&s.nbd_sock, &s.nbd_export).await else {
         return;
     };
     if let Some(t) = r.take() {
-        r.taint(t);
+        // Not tainted: half a payload must never reach the volume, so the block is written
+        // again in later passes and a landed half would read back wrong.
         s.nbd_unacked.lock().insert(t.0, t.1);
         c.half_write(t.0 * BLOCK, &pattern(t)).await;
     }
