@@ -19,7 +19,9 @@ soak=$target/debug/examples/soak
 dir=$(mktemp -d)
 export MILLRACE_HOME=$dir/home
 pid=
+sampler=
 cleanup() {
+  [[ -n $sampler ]] && kill "$sampler" 2>/dev/null
   [[ -n $pid ]] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
   rm -rf "$dir"
 }
@@ -59,6 +61,7 @@ t0=$SECONDS
 sampler=$!
 "$soak" "$nvme" "$nqn" "$api" "$secs" "$clients" "$vol" 2 "${nbd[@]}"
 kill "$sampler"
+sampler=
 cat "$dir/samples"
 settle
 read -r rss1 fd1 < <(measure)
