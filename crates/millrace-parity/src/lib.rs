@@ -93,6 +93,7 @@ macro_rules! entry_points_body {
     };
 }
 
+mod error;
 pub mod gf;
 mod kernel;
 mod scalar;
@@ -100,6 +101,8 @@ mod scalar;
 mod x86;
 
 use std::sync::OnceLock;
+
+pub use error::ParityError;
 
 /// A kernel's entry points (SAFETY for all: see kernel.rs; the CPU runs the kernel's ISA).
 #[derive(Clone, Copy)]
@@ -244,30 +247,6 @@ fn ops() -> &'static Ops {
 pub fn active_kernel() -> &'static str {
     active().0.name()
 }
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ParityError {
-    TooManyMissing,
-    BadIndex,
-    LengthMismatch,
-}
-
-impl std::fmt::Display for ParityError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            ParityError::TooManyMissing => {
-                "More than two strips of the stripe are missing; RAID6 can rebuild at most two."
-            }
-            ParityError::BadIndex => {
-                "A missing strip's index lies outside the stripe, or the stripe is not 1 to 255 \
-                 data strips followed by P and Q."
-            }
-            ParityError::LengthMismatch => "The strips of the stripe differ in length.",
-        })
-    }
-}
-
-impl std::error::Error for ParityError {}
 
 /// Up to this many strips, pointer lists live on the stack (no allocation per call).
 const STACK_STRIPS: usize = 40;
