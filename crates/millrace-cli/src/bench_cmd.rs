@@ -2,11 +2,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use clap::Args;
-use millrace_array::{Cache, Level};
+use millrace_array::{Cache, Level, Pool};
 use millrace_bench::{sim::SimSpec, Options, Setup};
-use millrace_server::model::{BenchRequest, JobStarted};
+use millrace_server::model::BenchRequest;
 
 use crate::format::parse_bytes;
+use crate::service::{follow_job, Service};
 
 #[derive(Args)]
 #[command(
@@ -68,7 +69,7 @@ struct BenchResults<'a> {
 }
 
 /// A served pool is benched by the server (it holds the drives): its read workloads only.
-pub fn run_api(api: &crate::client::Api, a: BenchArgs) -> Result<()> {
+pub fn run_served(svc: &dyn Service, a: BenchArgs) -> Result<()> {
     let Some(pool) = &a.pool else {
         bail!("name a pool to benchmark, or simulate one with --sim 16x400M");
     };
@@ -88,13 +89,15 @@ pub fn run_api(api: &crate::client::Api, a: BenchArgs) -> Result<()> {
         seconds: Some(a.seconds),
         ..Default::default()
     };
-    let id = api.post_as::<_, JobStarted>("/api/v1/bench", &req)?.job;
+    let id = svc.bench(req)?.job;
     eprintln!("note: the server benches pool {pool}'s read workloads (job {id}); writes are left out while it serves");
-    let j = api.follow_job(id, "benchmarking")?;
-    print!("{}", j["result"]["table"].as_str().unwrap_or(""));
+    let result = follow_job(svc, id, "benchmarking")?
+        .result
+        .unwrap_or_default();
+    print!("{}", result["table"].as_str().unwrap_or(""));
     if let Some(f) = &a.json {
         let results = BenchResults {
-            results: &j["result"]["results"],
+            results: &result["results"],
         };
         std::fs::write(f, serde_json::to_string_pretty(&results)?)
             .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", f.display()))?;
@@ -103,6 +106,58 @@ pub fn run_api(api: &crate::client::Api, a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// A pool with no server running, opened here: its drives, and the workloads that may run on it.
+fn pool_setup(
+    home: &Path,
+    name: &str,
+    wl: &mut Vec<millrace_bench::Workload>,
+    write: bool,
+) -> Result<(Pool, Setup)> {
+    let pool = Cache::load(home)?.open(name)?;
+    if !write && wl.iter().any(|w| w.writes()) {
+        wl.retain(|w| !w.writes());
+        eprintln!("note: write workloads skipped: they would overwrite pool '{name}'; pass --write to run them");
+    }
+    if wl.is_empty() {
+        bail!("nothing to run: the suite has only write workloads; pass --write to run them on pool '{name}'");
+    }
+    let info = pool.info();
+    let files: Vec<PathBuf> = pool.member_paths().into_iter().flatten().collect();
+    let setup = Setup {
+        geo: *pool.array().geometry(),
+        data_offset: info.data_offset_bytes,
+        drives: pool.array().drives().to_vec(),
+        files: (files.len() == info.members.len()).then_some(files),
+        simulated: false,
+    };
+    Ok((pool, setup))
+}
+
+/// What the run will leave out, said before it starts.
+fn notes(a: &BenchArgs, setup: &Setup) {
+    if setup.files.is_some() && !millrace_bench::fio::available() {
+        eprintln!("note: fio is not installed, so the raw drives are measured by Millrace's own reader (apt-get install fio)");
+    }
+    if a.rebuild && setup.geo.tolerance_per_group() == 0 {
+        eprintln!(
+            "note: a {} pool survives no drive failure, so there is no rebuild to measure",
+            setup.geo.level
+        );
+    }
+    let skipped: Vec<usize> = (a.degraded.iter().copied())
+        .filter(|&f| f > setup.geo.tolerance_per_group() * setup.geo.groups())
+        .collect();
+    if !skipped.is_empty() {
+        eprintln!(
+            "note: states with {skipped:?} failed drives skipped: a {} pool of {} drives does not survive them",
+            setup.geo.level, setup.geo.members
+        );
+    }
+}
+
+/// A simulated pool, or a pool with no server running, is benched here, outside the service
+/// layer: its write and rebuild workloads overwrite the pool's data and rewrite a member, and
+/// its plot is drawn here, none of which the service's bench (which serves alongside) allows.
 pub fn run(home: &Path, a: BenchArgs) -> Result<()> {
     let mut wl = millrace_bench::suite(&a.suite).map_err(anyhow::Error::msg)?;
     Options {
@@ -116,55 +171,22 @@ pub fn run(home: &Path, a: BenchArgs) -> Result<()> {
     }
     .check()
     .map_err(|e| anyhow::anyhow!("--{e}"))?;
-    let pool;
+    // Held open (its drives locked) while the bench runs.
+    let _pool;
     let setup = match (&a.pool, &a.sim) {
         (Some(name), None) => {
-            pool = Cache::load(home)?.open(name)?;
-            if !a.write && wl.iter().any(|w| w.writes()) {
-                wl.retain(|w| !w.writes());
-                eprintln!("note: write workloads skipped: they would overwrite pool '{name}'; pass --write to run them");
-            }
-            if wl.is_empty() {
-                bail!("nothing to run: the suite has only write workloads; pass --write to run them on pool '{name}'");
-            }
-            let info = pool.info();
-            let files: Vec<PathBuf> = pool.member_paths().into_iter().flatten().collect();
-            Setup {
-                geo: *pool.array().geometry(),
-                data_offset: info.data_offset_bytes,
-                drives: pool.array().drives().to_vec(),
-                files: (files.len() == info.members.len()).then_some(files),
-                simulated: false,
-            }
+            let (p, setup) = pool_setup(home, name, &mut wl, a.write)?;
+            _pool = p;
+            setup
         }
         (None, Some(spec)) => millrace_bench::sim_setup(spec, a.level, a.group, a.strip)
             .map_err(anyhow::Error::msg)?,
         _ => bail!("name a pool to benchmark, or simulate one with --sim 16x400M"),
     };
-    if setup.files.is_some() && !millrace_bench::fio::available() {
-        eprintln!("note: fio is not installed, so the raw drives are measured by Millrace's own reader (apt-get install fio)");
-    }
     if a.rebuild && a.pool.is_some() && !a.write {
         bail!("--rebuild rewrites a member of the pool; pass --write too to allow it");
     }
-    if a.rebuild && setup.geo.tolerance_per_group() == 0 {
-        eprintln!(
-            "note: a {} pool survives no drive failure, so there is no rebuild to measure",
-            setup.geo.level
-        );
-    }
-    let skipped: Vec<usize> = a
-        .degraded
-        .iter()
-        .copied()
-        .filter(|&f| f > setup.geo.tolerance_per_group() * setup.geo.groups())
-        .collect();
-    if !skipped.is_empty() {
-        eprintln!(
-            "note: states with {skipped:?} failed drives skipped: a {} pool of {} drives does not survive them",
-            setup.geo.level, setup.geo.members
-        );
-    }
+    notes(&a, &setup);
     let opts = Options {
         workloads: wl,
         jobs: a.jobs,

@@ -185,36 +185,21 @@ impl Api {
         }
     }
 
-    pub fn write_bytes(&self, pool: &str, offset: u64, data: &[u8]) -> Result<()> {
+    pub fn write_bytes<T: DeserializeOwned>(
+        &self,
+        pool: &str,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<T> {
         let path = format!("/api/v1/pools/{pool}/data?offset={offset}");
         let r = self
             .auth(self.agent.put(self.url(&path)))
             .header("Content-Type", "application/octet-stream")
             .send(data);
-        self.finish(&format!("PUT {path}"), r).map(|_| ())
-    }
-
-    /// Follows a job to its end with a progress bar; returns its final view.
-    pub fn follow_job(&self, id: u64, what: &str) -> Result<Value> {
-        let bar = crate::format::progress_bar(what);
-        loop {
-            let j = self.get(&format!("/api/v1/jobs/{id}"))?;
-            let done = j["done"].as_u64().unwrap_or(0);
-            let total = j["total"].as_u64().unwrap_or(0);
-            bar.set_length(total.max(1));
-            bar.set_position(done);
-            match j["state"].as_str() {
-                Some("running") => std::thread::sleep(Duration::from_millis(200)),
-                Some("failed") => {
-                    bar.finish_and_clear();
-                    bail!("{}", j["message"].as_str().unwrap_or("the job failed"));
-                }
-                _ => {
-                    bar.finish_and_clear();
-                    return Ok(j);
-                }
-            }
-        }
+        Self::typed(
+            &format!("PUT {path}"),
+            self.finish(&format!("PUT {path}"), r)?,
+        )
     }
 }
 

@@ -33,7 +33,7 @@ pub fn table(header: &[&str]) -> Table {
     t
 }
 
-/// A bar for long work (rebuild, scrub, initialisation), the same here and through the API.
+/// A bar for a job that reports how far it is (a rebuild, a scrub, a bench).
 pub fn progress_bar(what: &str) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(

@@ -3,10 +3,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
-use millrace_array::Cache;
+use millrace_server::model::MAX_RAW_IO;
 
-use crate::client::{seg, Api};
 use crate::format::parse_bytes;
+use crate::service::Service;
 
 #[derive(Subcommand)]
 pub enum IoCmd {
@@ -95,26 +95,41 @@ fn write_stream(
     Ok(pos)
 }
 
-/// Streams in chunks of whole full stripes, so aligned input is written without read-modify-write.
-fn chunk_bytes(full_stripe: u64) -> usize {
-    (full_stripe * (8u64 << 20).div_ceil(full_stripe).max(1)) as usize
+impl IoCmd {
+    pub fn pool(&self) -> &str {
+        match self {
+            IoCmd::Write { pool, .. } | IoCmd::Read { pool, .. } => pool,
+        }
+    }
+}
+
+/// Streams in pieces of whole full stripes, so aligned input is written without
+/// read-modify-write; a pool whose full stripe is too large for one call (the API takes at most
+/// `MAX_RAW_IO`) in 16 MiB pieces. Returns (piece, alignment of the pieces' boundaries).
+fn pieces(full_stripe: u64) -> (usize, u64) {
+    let chunk = full_stripe * (8u64 << 20).div_ceil(full_stripe).max(1);
+    if chunk <= MAX_RAW_IO {
+        (chunk as usize, full_stripe)
+    } else {
+        (16 << 20, 16 << 20)
+    }
 }
 
 /// A member failed during this command and a hot spare took its place: with no server to run
 /// the rebuild, start `millrace pool rebuild` in the background, so it begins by itself. It
 /// waits for this process's drives, and logs to MILLRACE_HOME/rebuild-POOL.log.
-fn start_pending_rebuild(home: &Path, pool: &millrace_array::Pool, had_rebuild: bool) {
-    if had_rebuild || pool.info().rebuild.is_none() {
+fn start_pending_rebuild(home: &Path, svc: &dyn Service, name: &str, had_rebuild: bool) {
+    let rebuilding = svc.pool(name).is_ok_and(|v| v.info.rebuild.is_some());
+    if svc.live() || had_rebuild || !rebuilding {
         return;
     }
-    let name = pool.name();
     let log = home.join(format!("rebuild-{name}.log"));
     let started = std::fs::File::create(&log).and_then(|f| {
         let err = f.try_clone()?;
         std::process::Command::new(std::env::current_exe()?)
             .arg("--home")
             .arg(home)
-            .args(["pool", "rebuild", &name])
+            .args(["pool", "rebuild", name])
             .stdin(std::process::Stdio::null())
             .stdout(f)
             .stderr(err)
@@ -126,103 +141,70 @@ fn start_pending_rebuild(home: &Path, pool: &millrace_array::Pool, had_rebuild: 
     }
 }
 
-/// `millrace io` through a running server: the same streaming, in pieces the API takes.
-fn run_api(api: &Api, cmd: IoCmd) -> Result<()> {
-    const PIECE: usize = 16 << 20;
-    match cmd {
-        IoCmd::Write {
-            pool,
-            offset,
-            input,
-        } => {
-            let mut src = open_input(input.as_deref())?;
-            let pos = write_stream(&mut src, offset, PIECE, PIECE as u64, |at, data| {
-                api.write_bytes(&seg(&pool), at, data)
-                    .with_context(|| format!("{} bytes were written, from {offset}", at - offset))
-            })?;
-            eprintln!("wrote {} bytes at offset {offset}", pos - offset);
-            Ok(())
-        }
-        IoCmd::Read {
-            pool,
-            offset,
-            length,
-            output,
-        } => {
-            let mut dst = open_output(output.as_deref())?;
-            let mut done = 0u64;
-            while done < length {
-                let n = (length - done).min(PIECE as u64);
-                let b = api.read_bytes(&seg(&pool), offset + done, n)?;
-                dst.write_all(&b).context("cannot write the output")?;
-                done += n;
-            }
-            dst.flush()?;
-            Ok(())
-        }
+fn write(svc: &dyn Service, pool: &str, offset: u64, input: Option<&Path>) -> Result<()> {
+    let info = svc.pool(pool)?.info;
+    let size = info.size_bytes;
+    if offset > size {
+        bail!("offset {offset} lies past the end of pool '{pool}' ({size} bytes)");
     }
+    let mut src = open_input(input)?;
+    let (chunk, align) = pieces(info.full_stripe_bytes);
+    let pos = write_stream(&mut src, offset, chunk, align, |at, data| {
+        if at + data.len() as u64 > size {
+            bail!("the input runs past the end of pool '{pool}' ({size} bytes); {} bytes were written, from {offset}", at - offset);
+        }
+        svc.write_data(pool, at, data)
+            .with_context(|| format!("{} bytes were written, from {offset}", at - offset))?;
+        Ok(())
+    })?;
+    eprintln!("wrote {} bytes at offset {offset}", pos - offset);
+    Ok(())
 }
 
-pub fn run(home: &Path, api: Option<&Api>, cmd: IoCmd) -> Result<()> {
-    if let Some(a) = api {
-        return run_api(a, cmd);
+fn read(
+    svc: &dyn Service,
+    pool: &str,
+    offset: u64,
+    length: u64,
+    output: Option<&Path>,
+) -> Result<()> {
+    let info = svc.pool(pool)?.info;
+    let size = info.size_bytes;
+    if offset.checked_add(length).is_none_or(|e| e > size) {
+        bail!("the range {offset}+{length} lies past the end of pool '{pool}' ({size} bytes)");
     }
-    match cmd {
+    let mut dst = open_output(output)?;
+    let piece = pieces(info.full_stripe_bytes).0 as u64;
+    let mut done = 0u64;
+    while done < length {
+        let n = (length - done).min(piece);
+        let b = svc.read_data(pool, offset + done, n)?;
+        dst.write_all(&b).context("cannot write the output")?;
+        done += n;
+    }
+    dst.flush()?;
+    Ok(())
+}
+
+/// `millrace io`, through the service layer: the server's API when one runs, else the pool
+/// opened here; the same pieces either way.
+pub fn run(home: &Path, svc: &dyn Service, cmd: IoCmd) -> Result<()> {
+    let had_rebuild = svc.pool(cmd.pool())?.info.rebuild.is_some();
+    let r = match &cmd {
         IoCmd::Write {
             pool,
             offset,
             input,
-        } => {
-            let p = Cache::load(home)?.open(&pool)?;
-            let had_rebuild = p.info().rebuild.is_some();
-            let size = p.array().size_bytes();
-            if offset > size {
-                bail!("offset {offset} lies past the end of pool '{pool}' ({size} bytes)");
-            }
-            let mut src = open_input(input.as_deref())?;
-            let fs = p.array().geometry().full_stripe_bytes();
-            let pos = write_stream(&mut src, offset, chunk_bytes(fs), fs, |at, data| {
-                if at + data.len() as u64 > size {
-                    p.close()?;
-                    bail!("the input runs past the end of pool '{pool}' ({size} bytes); {} bytes were written, from {offset}", at - offset);
-                }
-                Ok(p.write_at(at, data)?)
-            })?;
-            p.close()?;
-            eprintln!("wrote {} bytes at offset {offset}", pos - offset);
-            start_pending_rebuild(home, &p, had_rebuild);
-            Ok(())
-        }
+        } => write(svc, pool, *offset, input.as_deref()),
         IoCmd::Read {
             pool,
             offset,
             length,
             output,
-        } => {
-            let p = Cache::load(home)?.open(&pool)?;
-            let had_rebuild = p.info().rebuild.is_some();
-            let size = p.array().size_bytes();
-            if offset.checked_add(length).is_none_or(|e| e > size) {
-                bail!(
-                    "the range {offset}+{length} lies past the end of pool '{pool}' ({size} bytes)"
-                );
-            }
-            let mut dst = open_output(output.as_deref())?;
-            let mut buf = vec![0u8; chunk_bytes(p.array().geometry().full_stripe_bytes())];
-            let mut done = 0u64;
-            while done < length {
-                let n = (length - done).min(buf.len() as u64) as usize;
-                p.read_at(offset + done, &mut buf[..n])?;
-                dst.write_all(&buf[..n])
-                    .context("cannot write the output")?;
-                done += n as u64;
-            }
-            dst.flush()?;
-            p.close()?;
-            start_pending_rebuild(home, &p, had_rebuild);
-            Ok(())
-        }
-    }
+        } => read(svc, pool, *offset, *length, output.as_deref()),
+    };
+    start_pending_rebuild(home, svc, cmd.pool(), had_rebuild);
+    r
 }
 
 #[cfg(test)]

@@ -82,9 +82,10 @@ enum Cmd {
 fn with_service(
     home: &std::path::Path,
     api: Option<&client::Api>,
+    scope: service::Scope,
     f: impl FnOnce(&dyn service::Service) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
-    let svc = service::open(home, api)?;
+    let svc = service::open(home, api, scope)?;
     let r = f(&*svc);
     let closed = svc.finish();
     r.and(closed)
@@ -112,6 +113,7 @@ fn main() {
         .without_time()
         .with_target(false)
         .init();
+    use service::Scope::All;
     let result = (|| {
         let home = &cli.home;
         if let Cmd::Serve(a) = cli.cmd {
@@ -120,14 +122,24 @@ fn main() {
         let api = client::Api::find(home, cli.server.as_deref())?;
         let api = api.as_ref();
         match cli.cmd {
-            Cmd::Pool(c) => pool_cmd::run(home, api, c),
-            Cmd::Volume(c) => with_service(home, api, |s| volume_cmd::run(s, c)),
-            Cmd::Export(c) => with_service(home, api, |s| export_cmd::run(home, s, c)),
-            Cmd::Share(c) => with_service(home, api, |s| share_cmd::run(home, s, c)),
-            Cmd::Io(c) => io_cmd::run(home, api, c),
-            Cmd::Status { json } => pool_cmd::status(home, api, json),
+            Cmd::Pool(c) => {
+                let scope = pool_cmd::scope(&c);
+                with_service(home, api, scope, |s| pool_cmd::run(s, c))
+            }
+            Cmd::Volume(c) => with_service(home, api, All, |s| volume_cmd::run(s, c)),
+            Cmd::Export(c) => with_service(home, api, All, |s| export_cmd::run(home, s, c)),
+            Cmd::Share(c) => with_service(home, api, All, |s| share_cmd::run(home, s, c)),
+            Cmd::Io(c) => {
+                let scope = service::Scope::Pool(c.pool().to_string());
+                with_service(home, api, scope, |s| io_cmd::run(home, s, c))
+            }
+            Cmd::Status { json } => with_service(home, api, All, |s| pool_cmd::status(s, json)),
+            // A served pool is benched by the server; a simulated one, or a pool with no server
+            // running, here (see bench_cmd::run for why that stays outside the service layer).
             Cmd::Bench(a) => match api {
-                Some(api) if a.pool.is_some() => bench_cmd::run_api(api, a),
+                Some(_) if a.pool.is_some() => with_service(home, api, service::Scope::None, |s| {
+                    bench_cmd::run_served(s, a)
+                }),
                 _ => bench_cmd::run(home, a),
             },
             Cmd::Serve(_) => unreachable!("handled above"),

@@ -32,15 +32,61 @@ pub trait Service {
     fn shares(&self) -> Result<ShareList>;
     fn create_share(&self, req: ShareRequest) -> Result<ShareView>;
     fn delete_share(&self, pool: &str, vol: &str) -> Result<Deleted>;
+    fn status(&self) -> Result<Status>;
+    fn pool(&self, name: &str) -> Result<PoolView>;
+    fn create_pool(&self, req: CreatePool) -> Result<PoolView>;
+    fn import(&self, req: ImportRequest) -> Result<ImportResponse>;
+    fn destroy_pool(&self, name: &str) -> Result<Destroyed>;
+    fn fail(&self, pool: &str, req: PathRequest) -> Result<Message>;
+    fn add_spare(&self, pool: &str, req: PathRequest) -> Result<Message>;
+    fn replace(&self, pool: &str, req: ReplaceRequest) -> Result<ReplaceResponse>;
+    fn rebuild(&self, pool: &str, req: RebuildRequest) -> Result<RebuildResponse>;
+    fn scrub(&self, pool: &str, req: ScrubRequest) -> Result<JobStarted>;
+    fn jobs(&self) -> Result<JobList>;
+    fn job(&self, id: u64) -> Result<JobView>;
+    fn bench(&self, req: BenchRequest) -> Result<JobStarted>;
+    fn read_data(&self, pool: &str, offset: u64, length: u64) -> Result<Vec<u8>>;
+    fn write_data(&self, pool: &str, offset: u64, data: &[u8]) -> Result<Written>;
     /// Ends the session: an in-process one closes its pools (recorded clean).
     fn finish(self: Box<Self>) -> Result<()>;
 }
 
+/// Which pools a session opens when no server runs: a command about one pool opens that one
+/// alone (the others' drives stay untouched, and a pool that cannot be assembled does not stand
+/// in the way of another).
+pub enum Scope {
+    All,
+    Pool(String),
+    /// None: an import assembles pools from the drives it is given.
+    None,
+}
+
+/// Follows a job to its end with a progress bar; returns its final view, or its failure.
+pub fn follow_job(svc: &dyn Service, id: u64, what: &str) -> Result<JobView> {
+    let bar = crate::format::progress_bar(what);
+    loop {
+        let j = svc.job(id)?;
+        bar.set_length(j.total.max(1));
+        bar.set_position(j.done);
+        match j.state.as_str() {
+            "running" => std::thread::sleep(std::time::Duration::from_millis(200)),
+            "failed" => {
+                bar.finish_and_clear();
+                return Err(anyhow!("{}", j.message));
+            }
+            _ => {
+                bar.finish_and_clear();
+                return Ok(j);
+            }
+        }
+    }
+}
+
 /// The server that runs for this home (or `--server`), else the pools opened here.
-pub fn open<'a>(home: &Path, api: Option<&'a Api>) -> Result<Box<dyn Service + 'a>> {
+pub fn open<'a>(home: &Path, api: Option<&'a Api>, scope: Scope) -> Result<Box<dyn Service + 'a>> {
     match api {
         Some(a) => Ok(Box::new(Http(a))),
-        None => Ok(Box::new(InProcess::open(home)?)),
+        None => Ok(Box::new(InProcess::open(home, scope)?)),
     }
 }
 
@@ -52,14 +98,18 @@ pub struct InProcess {
 }
 
 impl InProcess {
-    pub fn open(home: &Path) -> Result<InProcess> {
+    pub fn open(home: &Path, scope: Scope) -> Result<InProcess> {
         // The export services the state holds are tokio objects, even when they serve nothing.
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
         let state = {
             let _g = rt.enter();
-            Arc::new(State::open_offline(home)?)
+            Arc::new(match scope {
+                Scope::All => State::open_offline(home)?,
+                Scope::Pool(p) => State::open_offline_only(home, &[&p])?,
+                Scope::None => State::open_offline_only(home, &[])?,
+            })
         };
         Ok(InProcess { state, rt })
     }
@@ -116,6 +166,55 @@ impl Service for InProcess {
     fn delete_share(&self, pool: &str, vol: &str) -> Result<Deleted> {
         self.call(|s| service::delete_share(s, pool, vol))
     }
+    fn status(&self) -> Result<Status> {
+        self.call(service::status)
+    }
+    fn pool(&self, name: &str) -> Result<PoolView> {
+        self.call(|s| service::pool(s, name))
+    }
+    fn create_pool(&self, req: CreatePool) -> Result<PoolView> {
+        self.call(|s| service::create_pool(s, req))
+    }
+    fn import(&self, req: ImportRequest) -> Result<ImportResponse> {
+        self.call(|s| service::import(s, req))
+    }
+    fn destroy_pool(&self, name: &str) -> Result<Destroyed> {
+        self.call(|s| service::destroy_pool(s, name))
+    }
+    fn fail(&self, pool: &str, req: PathRequest) -> Result<Message> {
+        self.call(|s| service::fail(s, pool, req))
+    }
+    fn add_spare(&self, pool: &str, req: PathRequest) -> Result<Message> {
+        self.call(|s| service::add_spare(s, pool, req))
+    }
+    fn replace(&self, pool: &str, req: ReplaceRequest) -> Result<ReplaceResponse> {
+        self.call(|s| service::replace(s, pool, req))
+    }
+    fn rebuild(&self, pool: &str, req: RebuildRequest) -> Result<RebuildResponse> {
+        self.call(|s| service::rebuild(s, pool, req))
+    }
+    fn scrub(&self, pool: &str, req: ScrubRequest) -> Result<JobStarted> {
+        self.call(|s| service::scrub(s, pool, req))
+    }
+    fn jobs(&self) -> Result<JobList> {
+        self.call(service::jobs)
+    }
+    fn job(&self, id: u64) -> Result<JobView> {
+        self.call(|s| service::job(s, id))
+    }
+    fn bench(&self, req: BenchRequest) -> Result<JobStarted> {
+        self.call(|s| service::bench(s, req))
+    }
+    fn read_data(&self, pool: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
+        let q = DataQuery {
+            offset,
+            length: Some(length),
+        };
+        self.call(|s| service::read_data(s, pool, q))
+    }
+    fn write_data(&self, pool: &str, offset: u64, data: &[u8]) -> Result<Written> {
+        self.call(|s| service::write_data(s, pool, offset, data))
+    }
     fn finish(self: Box<Self>) -> Result<()> {
         let _g = self.rt.enter();
         self.state.close()
@@ -124,6 +223,10 @@ impl Service for InProcess {
 
 /// A running server, through its HTTP API.
 pub struct Http<'a>(pub &'a Api);
+
+fn pool_path(pool: &str) -> String {
+    format!("/api/v1/pools/{}", seg(pool))
+}
 
 fn vol_path(pool: &str, vol: &str) -> String {
     format!("/api/v1/pools/{}/volumes/{}", seg(pool), seg(vol))
@@ -179,6 +282,53 @@ impl Service for Http<'_> {
     fn delete_share(&self, pool: &str, vol: &str) -> Result<Deleted> {
         self.0
             .delete_as(&format!("/api/v1/shares/{}/{}", seg(pool), seg(vol)))
+    }
+    fn status(&self) -> Result<Status> {
+        self.0.get_as("/api/v1/status")
+    }
+    fn pool(&self, name: &str) -> Result<PoolView> {
+        self.0.get_as(&pool_path(name))
+    }
+    fn create_pool(&self, req: CreatePool) -> Result<PoolView> {
+        self.0.post_as("/api/v1/pools", &req)
+    }
+    fn import(&self, req: ImportRequest) -> Result<ImportResponse> {
+        self.0.post_as("/api/v1/pools/import", &req)
+    }
+    fn destroy_pool(&self, name: &str) -> Result<Destroyed> {
+        self.0.delete_as(&pool_path(name))
+    }
+    fn fail(&self, pool: &str, req: PathRequest) -> Result<Message> {
+        self.0.post_as(&format!("{}/fail", pool_path(pool)), &req)
+    }
+    fn add_spare(&self, pool: &str, req: PathRequest) -> Result<Message> {
+        self.0.post_as(&format!("{}/spares", pool_path(pool)), &req)
+    }
+    fn replace(&self, pool: &str, req: ReplaceRequest) -> Result<ReplaceResponse> {
+        self.0
+            .post_as(&format!("{}/replace", pool_path(pool)), &req)
+    }
+    fn rebuild(&self, pool: &str, req: RebuildRequest) -> Result<RebuildResponse> {
+        self.0
+            .post_as(&format!("{}/rebuild", pool_path(pool)), &req)
+    }
+    fn scrub(&self, pool: &str, req: ScrubRequest) -> Result<JobStarted> {
+        self.0.post_as(&format!("{}/scrub", pool_path(pool)), &req)
+    }
+    fn jobs(&self) -> Result<JobList> {
+        self.0.get_as("/api/v1/jobs")
+    }
+    fn job(&self, id: u64) -> Result<JobView> {
+        self.0.get_as(&format!("/api/v1/jobs/{id}"))
+    }
+    fn bench(&self, req: BenchRequest) -> Result<JobStarted> {
+        self.0.post_as("/api/v1/bench", &req)
+    }
+    fn read_data(&self, pool: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
+        self.0.read_bytes(&seg(pool), offset, length)
+    }
+    fn write_data(&self, pool: &str, offset: u64, data: &[u8]) -> Result<Written> {
+        self.0.write_bytes(&seg(pool), offset, data)
     }
     fn finish(self: Box<Self>) -> Result<()> {
         Ok(())

@@ -15,6 +15,10 @@ use crate::props::ShareConfig;
 pub use crate::jobs::JobView;
 pub use crate::props::{NbdExportConfig, NvmeExportConfig};
 
+/// The most one raw read or write of a pool may move in one call: the CLI sends larger
+/// transfers in pieces, and no request makes the server allocate without bound.
+pub const MAX_RAW_IO: u64 = 64 << 20;
+
 fn yes() -> bool {
     true
 }
@@ -31,10 +35,22 @@ pub struct PoolView {
     pub free_bytes: u64,
     #[serde(default)]
     pub largest_free_bytes: u64,
+    /// Bytes of the volumes that hold data by the pool's allocation map (whole full stripes):
+    /// what writes take and trims and zeroes of whole stripes give back.
+    #[serde(default)]
+    pub allocated_bytes: u64,
+    /// Bytes the members' drive files take on their filesystems (their allocated blocks, parity
+    /// and metadata included); null where a member is a block device or missing.
+    #[serde(default)]
+    pub member_allocated_bytes: Option<u64>,
     pub stats: PoolStats,
     /// I/O of each member slot, in member order.
     #[serde(default)]
     pub member_stats: Vec<MemberIo>,
+    /// What assembling or creating the pool found worth saying (drives of unequal size, a
+    /// stale member left out, a crash recovered).
+    #[serde(default)]
+    pub notes: Vec<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, ToSchema)]

@@ -14,23 +14,29 @@ use parking_lot::RwLock;
 use crate::error::ApiError;
 use crate::jobs::Jobs;
 use crate::metered::Meters;
-use crate::model::{CreatePool, PoolView};
+use crate::model::{CreatePool, PoolView, MAX_RAW_IO};
 use crate::props::{self, NbdExportConfig, NvmeExportConfig, NBD_PROP, NVME_PROP};
-use crate::state::{bad, PoolEntry, State, MAX_RAW_IO};
+use crate::state::{bad, PoolEntry, State};
 
 impl State {
     /// Opens every pool the cache knows and starts the exports they record.
     pub fn open(home: &Path) -> anyhow::Result<State> {
-        Self::open_with(home, true)
+        Self::open_with(home, true, None)
     }
 
     /// Opens the pools to change them with no server running (the CLI offline): exports are
     /// checked and recorded in the volumes, and served when `millrace serve` next starts.
     pub fn open_offline(home: &Path) -> anyhow::Result<State> {
-        Self::open_with(home, false)
+        Self::open_with(home, false, None)
     }
 
-    fn open_with(home: &Path, serving: bool) -> anyhow::Result<State> {
+    /// As `open_offline`, opening only the pools named (a command about one pool leaves the
+    /// others' drives alone, and is not stopped by one that cannot be assembled).
+    pub fn open_offline_only(home: &Path, names: &[&str]) -> anyhow::Result<State> {
+        Self::open_with(home, false, Some(names))
+    }
+
+    fn open_with(home: &Path, serving: bool, only: Option<&[&str]>) -> anyhow::Result<State> {
         let cache = Cache::load(home)?;
         let state = State {
             serving,
@@ -48,22 +54,20 @@ impl State {
             started: Instant::now(),
             bench_memory: crate::DEFAULT_BENCH_MEMORY,
         };
-        for name in cache.pools.keys() {
-            match cache.open(name) {
-                Ok(pool) => {
-                    if let Err(e) = state.adopt(pool) {
-                        tracing::error!(pool = %name, "cannot serve the pool: {e}");
-                        state.unavailable.write().insert(name.clone(), e.message);
-                    }
-                }
-                Err(e) => {
-                    tracing::error!(pool = %name, "cannot assemble the pool: {e}");
-                    state
-                        .unavailable
-                        .write()
-                        .insert(name.clone(), e.to_string());
-                }
+        let wanted = |n: &String| only.is_none_or(|o| o.contains(&n.as_str()));
+        for name in cache.pools.keys().filter(|n| wanted(n)) {
+            // A server logs why; the CLI without one says it where the pool is asked for.
+            let (what, why) = match cache.open(name) {
+                Ok(pool) => match state.adopt(pool) {
+                    Ok(()) => continue,
+                    Err(e) => ("serve", e.message),
+                },
+                Err(e) => ("assemble", e.to_string()),
+            };
+            if serving {
+                tracing::error!(pool = %name, "cannot {what} the pool: {why}");
             }
+            state.unavailable.write().insert(name.clone(), why);
         }
         Ok(state)
     }
@@ -71,7 +75,8 @@ impl State {
     /// Takes an open pool into service and starts the exports its volumes record.
     fn adopt(&self, pool: Pool) -> Result<(), ApiError> {
         let name = pool.name();
-        for n in &pool.notes {
+        // A server logs them; the CLI without one prints them from the pool's view.
+        for n in pool.notes.iter().filter(|_| self.serving) {
             tracing::warn!(pool = %name, "{n}");
         }
         // Volumes write to the array directly: record the pool in use now, so a crash while
@@ -121,8 +126,8 @@ impl State {
         let mut cache = Cache::load(&self.home).map_err(internal)?;
         if self.pools.read().contains_key(&req.name) || cache.pools.contains_key(&req.name) {
             return Err(ApiError::conflict(format!(
-                "a pool named {} already exists here; pick another name, or destroy that one first",
-                req.name
+                "a pool named '{name}' already exists; pick another name, or destroy it first with `millrace pool destroy {name} --yes`",
+                name = req.name
             )));
         }
         let opts = CreateOptions {
@@ -134,10 +139,8 @@ impl State {
             create_size: req.create_size_bytes,
             force: req.force,
         };
+        // Its notes are logged (or, without a server, printed) when it is adopted below.
         let pool = Pool::create(&opts, &req.drives).map_err(|e| bad(e.to_string()))?;
-        for n in &pool.notes {
-            tracing::warn!(pool = %req.name, "{n}");
-        }
         let recorded = match pool.superblock().clean {
             true => Ok(()),
             // Parity of drives that held something else is made consistent before any use.
@@ -192,8 +195,18 @@ impl State {
             }
             notes.extend(p.notes.iter().cloned());
             cache.remember(&p);
-            self.adopt(p)?;
-            names.push(name);
+            // A pool found offline is remembered and reported, and does not hide what was
+            // found on the other drives (the notes say why it is offline).
+            match self.adopt(p) {
+                Ok(()) => names.push(name),
+                Err(e) => {
+                    notes.push(format!(
+                        "pool '{name}' was found but cannot be used: {}",
+                        e.message
+                    ));
+                    self.unavailable.write().insert(name, e.message);
+                }
+            }
         }
         cache
             .save(&self.home)

@@ -79,6 +79,9 @@ pub fn destroy_pool(s: &Arc<State>, pool: &str) -> R<Destroyed> {
 
 pub fn fail(s: &Arc<State>, pool: &str, req: PathRequest) -> R<Message> {
     let message = s.fail(pool, &req.path)?;
+    // A hot spare may have taken the failed member's place: the cache records where the
+    // members are now, so the pool is found again after a restart.
+    s.remember(&*s.entry(pool)?);
     Ok(Message { message })
 }
 

@@ -78,10 +78,6 @@ fn check_client_props(props: &BTreeMap<String, String>) -> Result<(), ApiError> 
     Ok(())
 }
 
-/// The most one raw read or write of a pool may move in one call: the CLI sends larger
-/// transfers in pieces, and no request makes the server allocate without bound.
-pub const MAX_RAW_IO: u64 = 64 << 20;
-
 pub(crate) fn bad(msg: impl Into<String>) -> ApiError {
     ApiError::bad_request(msg)
 }
@@ -92,7 +88,7 @@ impl State {
             match self.unavailable.read().get(pool) {
                 Some(why) => ApiError::conflict(format!("pool {pool} could not be assembled: {why}")),
                 None => ApiError::not_found(format!(
-                    "no pool named {pool} is served here; `millrace pool list` shows the ones that are"
+                    "no pool named '{pool}' is known here; `millrace pool list` shows the ones that are, and `millrace pool import DRIVES...` finds one on its drives"
                 )),
             }
         })
@@ -110,6 +106,8 @@ impl State {
             volumes: e.volumes.list(),
             free_bytes: e.volumes.free_bytes(),
             largest_free_bytes: e.volumes.largest_free_bytes(),
+            allocated_bytes: e.volumes.allocated_bytes(),
+            member_allocated_bytes: files_allocated(&e.pool),
             stats: PoolStats {
                 read_bytes: s.read_bytes.load(Relaxed),
                 write_bytes: s.write_bytes.load(Relaxed),
@@ -126,6 +124,7 @@ impl State {
                     errors: m.errors.load(Relaxed),
                 })
                 .collect(),
+            notes: e.pool.notes.clone(),
         }
     }
 
@@ -328,6 +327,21 @@ impl State {
         }
         Ok(())
     }
+}
+
+/// Bytes the pool's members take on their filesystems (st_blocks), where every member is a
+/// file; None where one is a block device or missing (its allocation is not the pool's to see).
+pub(crate) fn files_allocated(pool: &millrace_array::Pool) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0u64;
+    for p in pool.member_paths() {
+        let m = std::fs::metadata(p?).ok()?;
+        if !m.is_file() {
+            return None;
+        }
+        total = total.saturating_add(m.blocks().saturating_mul(512));
+    }
+    Some(total)
 }
 
 pub fn no_volume(pool: &str, name: &str) -> ApiError {

@@ -198,6 +198,14 @@ impl AllocMap {
         out
     }
 
+    /// Bytes of `[off, off + len)` that may hold data.
+    pub fn data_bytes(&self, off: u64, len: u64) -> u64 {
+        (self.runs(off, len).iter())
+            .filter(|r| !r.zero)
+            .map(|r| r.len)
+            .sum()
+    }
+
     /// Marks the granules a write touches as data, before it is issued. Returns whether any
     /// was fresh (a FUA write then commits the map before it is acknowledged).
     pub fn note_write(&self, off: u64, len: u64) -> bool {

@@ -11,8 +11,10 @@
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
 
 mod alloc;
+mod error;
 mod table;
 mod volume;
 
-pub use table::{check_name, VolumeError, VolumeInfo, Volumes, TABLE_AREA_BYTES};
+pub use error::VolumeError;
+pub use table::{check_name, VolumeInfo, Volumes, TABLE_AREA_BYTES};
 pub use volume::Volume;

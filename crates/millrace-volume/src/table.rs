@@ -7,7 +7,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::io;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -17,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::alloc::{AllocMap, MapArea};
+use crate::error::{refuse, Result, VolumeError};
 use crate::Volume;
 
 const MAGIC: &[u8; 8] = b"MRVOLTB1";
@@ -28,25 +28,6 @@ const HEADER: usize = 32;
 const SLOT_BYTES: u64 = 1 << 20;
 /// Bytes at the start of a pool that hold the volume table (before rounding up to a stripe).
 pub const TABLE_AREA_BYTES: u64 = 2 * SLOT_BYTES;
-
-/// A refusal or failure, as a sentence that says what was wrong and what to do.
-#[derive(Debug, thiserror::Error)]
-pub enum VolumeError {
-    #[error("{0}")]
-    Refused(String),
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: io::Error,
-    },
-}
-
-fn refuse<T>(msg: impl Into<String>) -> Result<T> {
-    Err(VolumeError::Refused(msg.into()))
-}
-
-type Result<T> = std::result::Result<T, VolumeError>;
 
 /// What a script or the API sees of a volume.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -275,6 +256,19 @@ impl Volumes {
     /// The largest volume that could be created now (free space may lie in several ranges).
     pub fn largest_free_bytes(&self) -> u64 {
         self.largest_gap(&self.inner.lock().table)
+    }
+
+    /// Bytes of the volumes that may hold data, by the allocation map: whole granules (a write
+    /// of one byte counts its full stripe), so trimming whole stripes shows space coming back.
+    /// A pool without a map counts its volumes whole.
+    pub fn allocated_bytes(&self) -> u64 {
+        let g = self.inner.lock();
+        (g.table.volumes.iter())
+            .map(|v| match &g.map {
+                Some(m) => m.data_bytes(v.offset_bytes, v.size_bytes),
+                None => v.size_bytes,
+            })
+            .sum()
     }
 
     /// True when the start of the pool holds bytes written directly (not a volume table):

@@ -24,7 +24,7 @@ pub(super) fn routes(r: OpenApiRouter<Arc<State>>) -> OpenApiRouter<Arc<State>> 
     let data = OpenApiRouter::new()
         .routes(routes!(read_data, write_data))
         .layer(axum::extract::DefaultBodyLimit::max(
-            crate::state::MAX_RAW_IO as usize,
+            crate::model::MAX_RAW_IO as usize,
         ));
     r.routes(routes!(pools, create_pool))
         .routes(routes!(import))
