@@ -21,8 +21,10 @@ pub mod cores;
 pub mod pool;
 mod region;
 pub mod ring;
+pub mod share;
 
 pub use buf::{IoBuf, ALIGN};
 pub use cores::{current_core, CoreTask, Cores, CoresConfig};
 pub use pool::{BufPool, PoolConfig, PoolUsage};
 pub use ring::{on_ring, Batch, OpKind, SharedBuf};
+pub use share::{Share, Shares};

@@ -11,12 +11,13 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use millrace_io::{BufPool, IoBuf};
+use millrace_io::share::charge;
+use millrace_io::{BufPool, IoBuf, Share};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{watch, Mutex, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
-use crate::datapath::charge;
+use crate::datapath::client_key;
 use crate::handshake::{negotiate, Session};
 use crate::proto::*;
 use crate::request::{check, run, send_error, Shared};
@@ -107,13 +108,13 @@ struct Bounds {
     slots: Arc<Semaphore>,
     max_slots: u32,
     conn: Arc<Semaphore>,
-    client: Arc<Semaphore>,
+    client: Share,
 }
 
 impl Bounds {
     fn new(inner: &Inner, peer: &Peer, pool: &BufPool, max_payload: u32) -> Bounds {
         let l = &inner.limits;
-        let max = charge(max_payload) as usize;
+        let max = charge(max_payload as usize) as usize;
         let quarter = pool.usage().capacity_bytes as usize / 4;
         let client = l.max_client_bytes.unwrap_or(quarter).max(max);
         let max_slots = l
@@ -123,7 +124,7 @@ impl Bounds {
             slots: Arc::new(Semaphore::new(max_slots)),
             max_slots: max_slots as u32,
             conn: Arc::new(Semaphore::new(l.max_in_flight_bytes.max(max))),
-            client: inner.shares.of(peer, client),
+            client: inner.shares.of(client_key(peer), client),
         }
     }
 
@@ -139,12 +140,7 @@ impl Bounds {
             .acquire_many_owned(bytes)
             .await
             .expect(closed);
-        let client = self
-            .client
-            .clone()
-            .acquire_many_owned(bytes)
-            .await
-            .expect(closed);
+        let client = self.client.take_bytes(bytes).await;
         Held {
             _slot: slot,
             _conn: conn,
@@ -271,7 +267,9 @@ where
         return Ok(None);
     }
     let data = matches!(req.kind, CMD_READ | CMD_WRITE);
-    let held = bounds.hold(if data { charge(req.len) } else { 0 }).await;
+    let held = bounds
+        .hold(if data { charge(req.len as usize) } else { 0 })
+        .await;
     if !data {
         return Ok(Some((held, None)));
     }

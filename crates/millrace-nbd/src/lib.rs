@@ -277,7 +277,7 @@ pub(crate) struct Inner {
     pub shutdown: watch::Sender<bool>,
     pub limits: Limits,
     /// Each client's share of the buffer pool.
-    pub shares: datapath::Shares,
+    pub shares: millrace_io::Shares<Option<std::net::IpAddr>>,
 }
 
 impl Inner {

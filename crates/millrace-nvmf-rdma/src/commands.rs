@@ -2,9 +2,9 @@
 //! target implements it (its per-queue session: Connect, properties, admin, I/O, discovery);
 //! the transport only moves capsules and data.
 
+use millrace_io::share::{Held, Share};
 use millrace_io::IoBuf;
 use millrace_nvmf::cmd::{Cqe, Sqe, Status, Transfer};
-use millrace_nvmf::share::{Held, HostShare};
 use std::future::Future;
 use std::pin::Pin;
 use tokio_util::sync::CancellationToken;
@@ -59,7 +59,7 @@ pub trait Commands: Send + 'static {
     fn parked(&mut self) -> Option<tokio::sync::mpsc::Receiver<Cqe>>;
     /// The connected host's share of the pool, taken before a buffer for its data (None: no
     /// share, only the pool bounds the queue).
-    fn share(&self) -> Option<HostShare> {
+    fn share(&self) -> Option<Share> {
         None
     }
 }

@@ -40,7 +40,7 @@ pub(crate) struct Slot<P> {
     pub plan: Option<P>,
     pub data: Option<IoBuf>,
     /// The host's share of the pool `data` counts against, given back with it.
-    pub held: Option<millrace_nvmf::share::Held>,
+    pub held: Option<millrace_io::share::Held>,
     pub remote: Option<Remote>,
     pub invalidate: Option<u32>,
     /// A Connect whose data is being fetched before the queue is connected.
@@ -67,7 +67,7 @@ impl<P> Slot<P> {
 /// What the queue's side tasks hand back.
 pub(crate) enum Done {
     Outcome(u32, Outcome),
-    Buffer(u32, IoBuf, Option<millrace_nvmf::share::Held>),
+    Buffer(u32, IoBuf, Option<millrace_io::share::Held>),
     NoBuffer(u32),
 }
 

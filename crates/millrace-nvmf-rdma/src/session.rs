@@ -182,7 +182,7 @@ impl Commands for SessionCommands {
         self.parked.take()
     }
 
-    fn share(&self) -> Option<millrace_nvmf::share::HostShare> {
+    fn share(&self) -> Option<millrace_io::Share> {
         self.s.share().cloned()
     }
 }

@@ -9,8 +9,8 @@
 
 use crate::cmd::{self, io, Sqe, Status};
 use crate::model::{Ns, Subsystem};
-use crate::share::{Held, HostShare};
 use millrace_block::BlockDevice;
+use millrace_io::share::{Held, Share};
 use millrace_io::{BufPool, IoBuf};
 use std::io::Result as IoResult;
 use std::sync::atomic::Ordering;
@@ -37,7 +37,7 @@ pub struct IoCommand {
     pub(crate) max_transfer: usize,
     pub(crate) pool: BufPool,
     /// The host's share of the pool, taken before the pool's buffer.
-    pub(crate) share: Option<HostShare>,
+    pub(crate) share: Option<Share>,
 }
 
 fn on_core() -> bool {

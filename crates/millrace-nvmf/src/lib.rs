@@ -26,7 +26,7 @@
 //   wire:       `cmd` (commands, statuses), `pdu` (NVMe/TCP framing), `error` (the API's errors)
 //   model:      subsystems, namespaces, controllers, counters (`model`)
 //   commands:   `admin` (admin commands), `io_commands` (the NVM command set)
-//   share:      each host's share of the buffer pool (`share`)
+//   (each host's share of the buffer pool is a millrace_io::Shares keyed by host NQN)
 //   session:    one queue's command handling, transport-agnostic (`session`)
 //   transport:  NVMe/TCP (`tcp`); NVMe/RDMA lives in millrace-nvmf-rdma, over `Session`
 //   target:     the public API and the TCP accept loop (`target`)
@@ -38,7 +38,6 @@ pub mod io_commands;
 mod model;
 pub mod pdu;
 pub mod session;
-pub mod share;
 mod target;
 mod tcp;
 

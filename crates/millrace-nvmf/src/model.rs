@@ -440,7 +440,7 @@ pub(crate) struct Inner {
     pub epoch: Instant,
     pub shutdown: CancellationToken,
     /// Each connected host's share of the pool.
-    pub host_shares: crate::share::HostShares,
+    pub host_shares: millrace_io::Shares<String>,
 }
 
 /// Lets a log line through at most once a second; counts the ones held back, so the next
@@ -498,13 +498,13 @@ impl Inner {
         (self.cfg.max_transfer_bytes as usize).min(self.data().pool.max_buf())
     }
     /// The share of the pool host `hostnqn` may hold (made when its first queue connects).
-    pub fn host_share(&self, hostnqn: &str) -> crate::share::HostShare {
+    pub fn host_share(&self, hostnqn: &str) -> millrace_io::Share {
         let quarter = self.data().pool.usage().capacity_bytes / 4;
         let bytes = (self.cfg.max_host_buffer_bytes)
             .unwrap_or(quarter)
-            .max(crate::share::charge(self.max_transfer()) as u64);
+            .max(millrace_io::share::charge(self.max_transfer()) as u64);
         self.host_shares
-            .of(hostnqn, bytes.min(usize::MAX as u64) as usize)
+            .of(hostnqn.to_string(), bytes.min(usize::MAX as u64) as usize)
     }
     pub fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64

@@ -8,7 +8,7 @@ use crate::admin;
 use crate::cmd::{self, fctype, io, Sqe, Status, Transfer, CONNECT_DATA_LEN};
 use crate::io_commands::IoCommand;
 use crate::model::{Completer, Controller, Inner, Transport, TransportInfo, AERL};
-use crate::share::HostShare;
+use millrace_io::Share;
 use millrace_io::{BufPool, IoBuf};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -53,7 +53,7 @@ struct Bound {
     qid: u16,
     depth: usize,
     /// The host's share of the pool, which its data buffers count against.
-    share: HostShare,
+    share: Share,
 }
 
 /// The target's side of one queue. Dropping it ends the queue: an admin queue takes its
@@ -136,7 +136,7 @@ impl Session {
 
     /// The connected host's share of the pool: a buffer's bytes are taken from it before the
     /// buffer is taken from the pool (None before Connect).
-    pub fn share(&self) -> Option<&HostShare> {
+    pub fn share(&self) -> Option<&Share> {
         self.q.as_ref().map(|q| &q.share)
     }
 

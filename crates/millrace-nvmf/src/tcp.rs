@@ -14,7 +14,7 @@ use crate::pdu::{
     ReadError, Side,
 };
 use crate::session::{Action, Session};
-use crate::share::Held;
+use millrace_io::share::Held;
 use millrace_io::IoBuf;
 use parking_lot::Mutex;
 use std::collections::HashMap;
