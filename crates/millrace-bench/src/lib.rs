@@ -25,7 +25,7 @@ use millrace_array::{Array, Geometry};
 pub use run::Workload;
 
 /// One row of the results, the names scripts rely on.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Point {
     pub level: String,
     pub drives: usize,
@@ -35,7 +35,7 @@ pub struct Point {
     pub jobs: usize,
     pub iodepth: usize,
     pub value: f64,
-    pub unit: &'static str,
+    pub unit: String,
     pub raw_value: f64,
     pub ratio: f64,
     /// What the ratio can be at best: the data share of each stripe for writes, 1 for reads.
@@ -43,7 +43,7 @@ pub struct Point {
     pub cpu_seconds_per_gb: f64,
     pub raw_cpu_seconds_per_gb: f64,
     /// "fio" or "millrace" (the bench's own reader), for the raw row.
-    pub raw_by: &'static str,
+    pub raw_by: String,
 }
 
 pub struct Setup {
@@ -316,13 +316,13 @@ pub fn run_suite(
                         jobs,
                         iodepth: qd,
                         value: v,
-                        unit,
+                        unit: unit.to_string(),
                         raw_value: rv,
                         ratio: if rv > 0.0 { v / rv } else { 0.0 },
                         ideal_ratio: ideal,
                         cpu_seconds_per_gb: m.cpu_per_gb(),
                         raw_cpu_seconds_per_gb: raw.cpu_per_gb(),
-                        raw_by,
+                        raw_by: raw_by.to_string(),
                     });
                     done += 1;
                 }
@@ -501,13 +501,13 @@ fn measure_rebuild(setup: &Setup, opts: &Options, points: &mut Vec<Point>) -> Re
             jobs: if state == "rebuild idle" { 1 } else { jobs },
             iodepth: 1,
             value: rate / 1e9,
-            unit: "GB/s",
+            unit: "GB/s".into(),
             raw_value: raw_rate / 1e9,
             ratio: rate / raw_rate,
             ideal_ratio: 1.0,
             cpu_seconds_per_gb: 0.0,
             raw_cpu_seconds_per_gb: 0.0,
-            raw_by: "millrace",
+            raw_by: "millrace".into(),
         });
     }
     points.push(Point {
@@ -519,13 +519,13 @@ fn measure_rebuild(setup: &Setup, opts: &Options, points: &mut Vec<Point>) -> Re
         jobs,
         iodepth: 1,
         value: reads.gbps(),
-        unit: "GB/s",
+        unit: "GB/s".into(),
         raw_value: 0.0,
         ratio: 0.0,
         ideal_ratio: 1.0,
         cpu_seconds_per_gb: reads.cpu_per_gb(),
         raw_cpu_seconds_per_gb: 0.0,
-        raw_by: "millrace",
+        raw_by: "millrace".into(),
     });
     Ok(())
 }

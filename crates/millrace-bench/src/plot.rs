@@ -33,7 +33,7 @@ fn panel(
     bs: u64,
     pts: &[&Point],
 ) -> Result<(), String> {
-    let unit = pts[0].unit;
+    let unit = pts[0].unit.as_str();
     let cols = columns(pts);
     let deep = cols.iter().any(|c| c.1 > 1);
     let ymax = pts

@@ -18,7 +18,7 @@ pub fn json(points: &[Point]) -> String {
 pub fn table(points: &[Point]) -> String {
     let mut out = String::new();
     for ((w, bs), pts) in by_workload(points) {
-        let unit = pts[0].unit;
+        let unit = pts[0].unit.as_str();
         let cols = columns(&pts);
         let deep = cols.iter().any(|c| c.1 > 1);
         out += &format!(
@@ -95,13 +95,13 @@ pub(crate) mod tests {
             jobs,
             iodepth,
             value,
-            unit: "IOPS",
+            unit: "IOPS".into(),
             raw_value: 2.0 * value,
             ratio: 0.5,
             ideal_ratio: 1.0,
             cpu_seconds_per_gb: 0.1,
             raw_cpu_seconds_per_gb: 0.1,
-            raw_by: "millrace",
+            raw_by: "millrace".into(),
         }
     }
 

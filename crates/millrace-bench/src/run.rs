@@ -9,7 +9,7 @@ use millrace_array::aligned::AlignedBuf;
 use millrace_array::drive::Drive;
 use millrace_array::Array;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Workload {
     SeqRead,

@@ -1,9 +1,9 @@
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use millrace_array::{Cache, Level, Pool};
-use millrace_bench::{sim::SimSpec, Options, Setup};
+use millrace_array::Level;
+use millrace_bench::{sim::SimSpec, Options, Point};
 use millrace_server::model::BenchRequest;
 
 use crate::format::parse_bytes;
@@ -17,8 +17,8 @@ pub struct BenchArgs {
     /// An existing pool (read workloads only, unless --write).
     pub pool: Option<String>,
     /// A simulated pool instead: DRIVESxRATE[:IOPS], e.g. 16x400M (RAM drives capped at 400 MB/s).
-    #[arg(long, conflicts_with = "pool")]
-    sim: Option<SimSpec>,
+    #[arg(long, conflicts_with = "pool", value_parser = sim_spec)]
+    sim: Option<String>,
     /// Level of the simulated pool.
     #[arg(long, default_value = "raid6")]
     level: Level,
@@ -62,106 +62,20 @@ pub struct BenchArgs {
     plot: Option<PathBuf>,
 }
 
-/// What `--json` writes of a served pool's bench: the job's `results`.
+/// What `--json` writes: the job's `results`, as `millrace_bench::report::json` has them.
 #[derive(serde::Serialize)]
 struct BenchResults<'a> {
     results: &'a serde_json::Value,
 }
 
-/// A served pool is benched by the server (it holds the drives): its read workloads only.
-pub fn run_served(svc: &dyn Service, a: BenchArgs) -> Result<()> {
-    let Some(pool) = &a.pool else {
+/// Benches through the service: the server when it serves the pool (its reads only), else here.
+/// The flags are checked first, so a mistake is named as the flag the user typed.
+pub fn run(svc: &dyn Service, a: BenchArgs) -> Result<()> {
+    if a.pool.is_none() == a.sim.is_none() {
         bail!("name a pool to benchmark, or simulate one with --sim 16x400M");
-    };
-    if a.write || a.rebuild {
-        bail!("pool {pool} is served by `millrace serve`: write and rebuild workloads would overwrite what it serves; stop the server to run them, or bench a simulated pool with --sim");
     }
-    if a.plot.is_some() {
-        eprintln!("note: a served pool's bench draws no plot here; write --json and plot it from the results, or stop the server");
-    }
-    let req = BenchRequest {
-        pool: Some(pool.clone()),
-        suite: Some(a.suite.clone()),
-        jobs: Some(a.jobs.clone()),
-        iodepth: Some(a.iodepth.clone()),
-        bs: a.bs.clone(),
-        degraded: Some(a.degraded.clone()),
-        seconds: Some(a.seconds),
-        ..Default::default()
-    };
-    let id = svc.bench(req)?.job;
-    eprintln!("note: the server benches pool {pool}'s read workloads (job {id}); writes are left out while it serves");
-    let result = follow_job(svc, id, "benchmarking")?
-        .result
-        .unwrap_or_default();
-    print!("{}", result["table"].as_str().unwrap_or(""));
-    if let Some(f) = &a.json {
-        let results = BenchResults {
-            results: &result["results"],
-        };
-        std::fs::write(f, serde_json::to_string_pretty(&results)?)
-            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", f.display()))?;
-        eprintln!("results written to {}", f.display());
-    }
-    Ok(())
-}
-
-/// A pool with no server running, opened here: its drives, and the workloads that may run on it.
-fn pool_setup(
-    home: &Path,
-    name: &str,
-    wl: &mut Vec<millrace_bench::Workload>,
-    write: bool,
-) -> Result<(Pool, Setup)> {
-    let pool = Cache::load(home)?.open(name)?;
-    if !write && wl.iter().any(|w| w.writes()) {
-        wl.retain(|w| !w.writes());
-        eprintln!("note: write workloads skipped: they would overwrite pool '{name}'; pass --write to run them");
-    }
-    if wl.is_empty() {
-        bail!("nothing to run: the suite has only write workloads; pass --write to run them on pool '{name}'");
-    }
-    let info = pool.info();
-    let files: Vec<PathBuf> = pool.member_paths().into_iter().flatten().collect();
-    let setup = Setup {
-        geo: *pool.array().geometry(),
-        data_offset: info.data_offset_bytes,
-        drives: pool.array().drives().to_vec(),
-        files: (files.len() == info.members.len()).then_some(files),
-        simulated: false,
-    };
-    Ok((pool, setup))
-}
-
-/// What the run will leave out, said before it starts.
-fn notes(a: &BenchArgs, setup: &Setup) {
-    if setup.files.is_some() && !millrace_bench::fio::available() {
-        eprintln!("note: fio is not installed, so the raw drives are measured by Millrace's own reader (apt-get install fio)");
-    }
-    if a.rebuild && setup.geo.tolerance_per_group() == 0 {
-        eprintln!(
-            "note: a {} pool survives no drive failure, so there is no rebuild to measure",
-            setup.geo.level
-        );
-    }
-    let skipped: Vec<usize> = (a.degraded.iter().copied())
-        .filter(|&f| f > setup.geo.tolerance_per_group() * setup.geo.groups())
-        .collect();
-    if !skipped.is_empty() {
-        eprintln!(
-            "note: states with {skipped:?} failed drives skipped: a {} pool of {} drives does not survive them",
-            setup.geo.level, setup.geo.members
-        );
-    }
-}
-
-/// A simulated pool, or a pool with no server running, is benched here, outside the service
-/// layer: its write and rebuild workloads overwrite the pool's data and rewrite a member, and
-/// its plot is drawn here, none of which the service's bench (which serves alongside) allows.
-pub fn run(home: &Path, a: BenchArgs) -> Result<()> {
-    let mut wl = millrace_bench::suite(&a.suite).map_err(anyhow::Error::msg)?;
     Options {
-        workloads: wl.clone(),
+        workloads: millrace_bench::suite(&a.suite).map_err(anyhow::Error::msg)?,
         jobs: a.jobs.clone(),
         iodepth: a.iodepth.clone(),
         bs: a.bs.clone(),
@@ -171,49 +85,47 @@ pub fn run(home: &Path, a: BenchArgs) -> Result<()> {
     }
     .check()
     .map_err(|e| anyhow::anyhow!("--{e}"))?;
-    // Held open (its drives locked) while the bench runs.
-    let _pool;
-    let setup = match (&a.pool, &a.sim) {
-        (Some(name), None) => {
-            let (p, setup) = pool_setup(home, name, &mut wl, a.write)?;
-            _pool = p;
-            setup
-        }
-        (None, Some(spec)) => millrace_bench::sim_setup(spec, a.level, a.group, a.strip)
-            .map_err(anyhow::Error::msg)?,
-        _ => bail!("name a pool to benchmark, or simulate one with --sim 16x400M"),
-    };
-    if a.rebuild && a.pool.is_some() && !a.write {
-        bail!("--rebuild rewrites a member of the pool; pass --write too to allow it");
-    }
-    notes(&a, &setup);
-    let opts = Options {
-        workloads: wl,
-        jobs: a.jobs,
-        iodepth: a.iodepth,
-        bs: a.bs,
-        degraded: a.degraded,
-        seconds: a.seconds,
+    let req = BenchRequest {
+        pool: a.pool.clone(),
+        sim: a.sim.clone(),
+        level: Some(a.level.to_string()),
+        strip_bytes: Some(a.strip),
+        group: a.group,
+        suite: Some(a.suite.clone()),
+        jobs: Some(a.jobs.clone()),
+        iodepth: Some(a.iodepth.clone()),
+        bs: a.bs.clone(),
+        degraded: Some(a.degraded.clone()),
+        seconds: Some(a.seconds),
+        write: a.write,
         rebuild: a.rebuild,
     };
-    let bar = indicatif::ProgressBar::new(0);
-    bar.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap());
-    let points = millrace_bench::run_suite(&setup, &opts, &mut |msg, done, total| {
-        bar.set_length(total as u64);
-        bar.set_position(done as u64);
-        bar.set_message(msg);
-    })
-    .map_err(anyhow::Error::msg)?;
-    bar.finish_and_clear();
-    print!("{}", millrace_bench::report::table(&points));
-    if let Some(j) = &a.json {
-        std::fs::write(j, millrace_bench::report::json(&points))
-            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", j.display()))?;
-        eprintln!("results written to {}", j.display());
+    let started = svc.bench(req)?;
+    for n in &started.notes {
+        eprintln!("note: {n}");
+    }
+    let result = follow_job(svc, started.job, "benchmarking")?
+        .result
+        .unwrap_or_default();
+    print!("{}", result["table"].as_str().unwrap_or(""));
+    let results = &result["results"];
+    if let Some(f) = &a.json {
+        let text = serde_json::to_string_pretty(&BenchResults { results })?;
+        std::fs::write(f, text)
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", f.display()))?;
+        eprintln!("results written to {}", f.display());
     }
     if let Some(p) = &a.plot {
+        let points: Vec<Point> = serde_json::from_value(results.clone()).map_err(|e| {
+            anyhow::anyhow!("the bench's results cannot be read back to plot them: {e}")
+        })?;
         millrace_bench::report::plot(&points, p).map_err(anyhow::Error::msg)?;
         eprintln!("plot written to {}", p.display());
     }
     Ok(())
+}
+
+/// A `--sim` spec, checked here and passed on as typed.
+fn sim_spec(s: &str) -> Result<String, String> {
+    s.parse::<SimSpec>().map(|_| s.to_string())
 }

@@ -134,14 +134,15 @@ fn main() {
                 with_service(home, api, scope, |s| io_cmd::run(home, s, c))
             }
             Cmd::Status { json } => with_service(home, api, All, |s| pool_cmd::status(s, json)),
-            // A served pool is benched by the server; a simulated one, or a pool with no server
-            // running, here (see bench_cmd::run for why that stays outside the service layer).
-            Cmd::Bench(a) => match api {
-                Some(_) if a.pool.is_some() => with_service(home, api, service::Scope::None, |s| {
-                    bench_cmd::run_served(s, a)
-                }),
-                _ => bench_cmd::run(home, a),
-            },
+            // A simulated pool is benched in this process even while a server runs (its RAM
+            // drives are the bench's, not the server's); a pool by whoever holds it.
+            Cmd::Bench(a) => {
+                let (api, scope) = match &a.pool {
+                    Some(p) => (api, service::Scope::Pool(p.clone())),
+                    None => (None, service::Scope::None),
+                };
+                with_service(home, api, scope, |s| bench_cmd::run(s, a))
+            }
             Cmd::Serve(_) => unreachable!("handled above"),
         }
     })();

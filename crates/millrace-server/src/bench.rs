@@ -1,12 +1,14 @@
-//! Bench runs through the API: a simulated pool, or the read workloads of a served pool (its
-//! writes would overwrite what the server serves). A run is a job; its result holds the same
-//! `results` list `millrace bench --json` writes, and the table the CLI prints.
+//! Bench runs as jobs, for the API and for `millrace bench` with no server running: a
+//! simulated pool, or a pool's workloads. A served pool runs its reads only (its writes would
+//! overwrite what the server serves); with no server, a pool's writes and its rebuild run when
+//! asked for. A job's result holds the same `results` list `millrace bench --json` writes, and
+//! the table the CLI prints.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use millrace_array::Level;
-use millrace_bench::{sim::SimSpec, Options, Setup};
+use millrace_bench::{sim::SimSpec, Options, Setup, Workload};
 
 use crate::error::ApiError;
 use crate::model::BenchRequest;
@@ -17,55 +19,32 @@ fn bad(m: impl Into<String>) -> ApiError {
 }
 
 impl State {
-    pub fn start_bench(self: &Arc<Self>, r: BenchRequest) -> Result<u64, ApiError> {
+    /// Starts a bench job; returns its id and what it leaves out, said before it runs.
+    pub fn start_bench(self: &Arc<Self>, r: BenchRequest) -> Result<(u64, Vec<String>), ApiError> {
         if let Some(id) = self.jobs.running_id_of_kind("bench") {
             return Err(ApiError::conflict(format!(
                 "a bench is already running (job {id}); wait for it: two would measure each other"
             )));
         }
+        if self.serving && r.rebuild {
+            return Err(bad(
+                "a rebuild is benched only with no server running (millrace bench --rebuild): it rewrites a member and runs as long as the drive takes to fill",
+            ));
+        }
         let mut workloads =
             millrace_bench::suite(r.suite.as_deref().unwrap_or("all")).map_err(bad)?;
-        let (label, setup) = match (&r.pool, &r.sim) {
-            (Some(name), None) => {
-                let e = self.entry(name)?;
-                workloads.retain(|w| !w.writes());
-                if workloads.is_empty() {
-                    return Err(bad(format!(
-                        "the suite has only write workloads, and they would overwrite what pool {name} serves; bench its reads, or a simulated pool"
-                    )));
-                }
-                let info = e.pool.info();
-                let files: Vec<PathBuf> = e.pool.member_paths().into_iter().flatten().collect();
-                let setup = Setup {
-                    geo: *e.pool.array().geometry(),
-                    data_offset: info.data_offset_bytes,
-                    drives: e.pool.array().drives().to_vec(),
-                    files: (files.len() == info.members.len()).then_some(files),
-                    simulated: false,
-                };
-                (name.clone(), setup)
-            }
-            (None, Some(spec)) => {
-                let spec: SimSpec = spec.parse().map_err(bad)?;
-                let level: Level = r
-                    .level
-                    .as_deref()
-                    .unwrap_or("raid6")
-                    .parse()
-                    .map_err(|e: String| bad(e))?;
-                let setup = millrace_bench::sim_setup(
-                    &spec,
-                    level,
-                    r.group,
-                    r.strip_bytes.unwrap_or(64 << 10),
-                )
-                .map_err(bad)?;
-                (format!("sim {}", r.sim.as_deref().unwrap_or("")), setup)
-            }
-            _ => return Err(bad(
-                "name a served pool (\"pool\") or a simulated one (\"sim\": \"16x400M\"), not both",
-            )),
-        };
+        let mut notes = Vec::new();
+        let (label, setup) =
+            match (&r.pool, &r.sim) {
+                (Some(name), None) => (
+                    name.clone(),
+                    self.pool_bench_setup(name, &r, &mut workloads, &mut notes)?,
+                ),
+                (None, Some(spec)) => (format!("sim {spec}"), sim_bench_setup(spec, &r)?),
+                _ => return Err(bad(
+                    "name a pool (\"pool\") or a simulated one (\"sim\": \"16x400M\"), not both",
+                )),
+            };
         let opts = Options {
             workloads,
             jobs: r.jobs.unwrap_or_else(|| vec![1, 4, 16]),
@@ -73,11 +52,15 @@ impl State {
             bs: r.bs,
             degraded: r.degraded.unwrap_or_else(|| vec![0, 1, 2]),
             seconds: r.seconds.unwrap_or(2.0),
-            rebuild: false,
+            rebuild: r.rebuild,
         };
         opts.check().map_err(bad)?;
-        self.check_bench_budget(&opts, &setup)?;
-        Ok(self.jobs.spawn(&label, "bench", move |job| {
+        // With no server, the bench is the command the user asked for, as long as it takes.
+        if self.serving {
+            self.check_bench_budget(&opts, &setup)?;
+        }
+        notes.extend(setup_notes(&opts, &setup));
+        let id = self.jobs.spawn(&label, "bench", move |job| {
             let points = millrace_bench::run_suite(&setup, &opts, &mut |_, done, total| {
                 job.progress(done as u64, total as u64)
             })?;
@@ -87,7 +70,53 @@ impl State {
             result["table"] = serde_json::Value::String(millrace_bench::report::table(&points));
             job.set_result(result);
             Ok(format!("{} points measured", points.len()))
-        }))
+        });
+        Ok((id, notes))
+    }
+
+    /// A pool's drives and the workloads that may run on it: its writes (and a rebuild, which
+    /// rewrites a member) only when asked for and only while nothing serves it.
+    fn pool_bench_setup(
+        &self,
+        name: &str,
+        r: &BenchRequest,
+        workloads: &mut Vec<Workload>,
+        notes: &mut Vec<String>,
+    ) -> Result<Setup, ApiError> {
+        let e = self.entry(name)?;
+        if self.serving && r.write {
+            return Err(bad(format!(
+                "pool {name} is served by `millrace serve`: write workloads would overwrite what it serves; stop the server to run them, or bench a simulated pool"
+            )));
+        }
+        if r.rebuild && !r.write {
+            return Err(bad(
+                "a rebuild rewrites a member of the pool; ask for the write workloads too (--write) to allow it",
+            ));
+        }
+        if !r.write && workloads.iter().any(|w| w.writes()) {
+            workloads.retain(|w| !w.writes());
+            notes.push(if self.serving {
+                format!("the server benches pool {name}'s read workloads; writes are left out while it serves")
+            } else {
+                format!("write workloads skipped: they would overwrite pool '{name}'; pass --write to run them")
+            });
+        }
+        if workloads.is_empty() {
+            return Err(bad(format!(
+                "nothing to run: the suite has only write workloads, and they would overwrite pool {name}; bench its reads, or a simulated pool{}",
+                if self.serving { "" } else { ", or pass --write" }
+            )));
+        }
+        let info = e.pool.info();
+        let files: Vec<PathBuf> = e.pool.member_paths().into_iter().flatten().collect();
+        Ok(Setup {
+            geo: *e.pool.array().geometry(),
+            data_offset: info.data_offset_bytes,
+            drives: e.pool.array().drives().to_vec(),
+            files: (files.len() == info.members.len()).then_some(files),
+            simulated: false,
+        })
     }
 
     /// A run through the API may take at most `bench_memory` bytes of buffers and an hour:
@@ -116,3 +145,38 @@ impl State {
 
 /// The longest a bench run through the API may take.
 const MAX_BENCH_SECONDS: f64 = 3600.0;
+
+/// A simulated pool of RAM drives paced to the rate the spec gives.
+fn sim_bench_setup(spec: &str, r: &BenchRequest) -> Result<Setup, ApiError> {
+    let spec: SimSpec = spec.parse().map_err(bad)?;
+    let level: Level = (r.level.as_deref().unwrap_or("raid6"))
+        .parse()
+        .map_err(|e: String| bad(e))?;
+    millrace_bench::sim_setup(&spec, level, r.group, r.strip_bytes.unwrap_or(64 << 10)).map_err(bad)
+}
+
+/// What the run will leave out, said before it starts.
+fn setup_notes(opts: &Options, setup: &Setup) -> Vec<String> {
+    let mut notes = Vec::new();
+    if setup.files.is_some() && !millrace_bench::fio::available() {
+        notes.push("fio is not installed, so the raw drives are measured by Millrace's own reader (apt-get install fio)".to_string());
+    }
+    let geo = &setup.geo;
+    if opts.rebuild && geo.tolerance_per_group() == 0 {
+        notes.push(format!(
+            "a {} pool survives no drive failure, so there is no rebuild to measure",
+            geo.level
+        ));
+    }
+    let most = geo.tolerance_per_group() * geo.groups();
+    let skipped: Vec<usize> = (opts.degraded.iter().copied())
+        .filter(|&f| f > most)
+        .collect();
+    if !skipped.is_empty() {
+        notes.push(format!(
+            "states with {skipped:?} failed drives skipped: a {} pool of {} drives does not survive them",
+            geo.level, geo.members
+        ));
+    }
+    notes
+}

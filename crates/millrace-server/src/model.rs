@@ -174,6 +174,9 @@ pub struct RebuildRequest {
 #[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
 pub struct JobStarted {
     pub job: u64,
+    /// What the job leaves out or cannot use, said before it runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// The rebuild job, or null when nothing waits for one.
@@ -390,11 +393,11 @@ pub struct RdmaPort {
     pub netdev: Option<String>,
 }
 
-/// A bench run: a simulated pool, or the read workloads of a served pool. Its job's result
-/// holds `results` (as `millrace bench --json`) and `table`.
+/// A bench run: a simulated pool, or a pool's workloads (only its reads while it is served).
+/// Its job's result holds `results` (as `millrace bench --json`) and `table`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, ToSchema)]
 pub struct BenchRequest {
-    /// A served pool (read workloads only).
+    /// A pool (its read workloads only, unless `write`).
     pub pool: Option<String>,
     /// A simulated pool instead: DRIVESxRATE[:IOPS], e.g. 16x400M.
     pub sim: Option<String>,
@@ -409,6 +412,12 @@ pub struct BenchRequest {
     pub bs: Vec<u64>,
     pub degraded: Option<Vec<usize>>,
     pub seconds: Option<f64>,
+    /// Run a pool's write workloads too: they overwrite its data, so a served pool refuses them.
+    #[serde(default)]
+    pub write: bool,
+    /// Also measure a rebuild of one member (of a pool only with `write`: it rewrites a member).
+    #[serde(default)]
+    pub rebuild: bool,
 }
 
 /// Raw bytes of a pool (the body of a data read or write).

@@ -97,7 +97,10 @@ pub fn replace(s: &Arc<State>, pool: &str, req: ReplaceRequest) -> R<ReplaceResp
 
 pub fn scrub(s: &Arc<State>, pool: &str, req: ScrubRequest) -> R<JobStarted> {
     let job = s.scrub(pool, req.repair)?;
-    Ok(JobStarted { job })
+    Ok(JobStarted {
+        job,
+        notes: Vec::new(),
+    })
 }
 
 pub fn rebuild(s: &Arc<State>, pool: &str, req: RebuildRequest) -> R<RebuildResponse> {
@@ -118,8 +121,8 @@ pub fn job(s: &Arc<State>, id: u64) -> R<JobView> {
 }
 
 pub fn bench(s: &Arc<State>, req: BenchRequest) -> R<JobStarted> {
-    let job = s.start_bench(req)?;
-    Ok(JobStarted { job })
+    let (job, notes) = s.start_bench(req)?;
+    Ok(JobStarted { job, notes })
 }
 
 pub fn volumes(s: &Arc<State>, pool: &str) -> R<VolumeList> {
