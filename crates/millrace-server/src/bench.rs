@@ -45,15 +45,7 @@ impl State {
                     "name a pool (\"pool\") or a simulated one (\"sim\": \"16x400M\"), not both",
                 )),
             };
-        let opts = Options {
-            workloads,
-            jobs: r.jobs.unwrap_or_else(|| vec![1, 4, 16]),
-            iodepth: r.iodepth.unwrap_or_else(|| vec![1]),
-            bs: r.bs,
-            degraded: r.degraded.unwrap_or_else(|| vec![0, 1, 2]),
-            seconds: r.seconds.unwrap_or(2.0),
-            rebuild: r.rebuild,
-        };
+        let opts = bench_options(&r, workloads);
         opts.check().map_err(bad)?;
         // With no server, the bench is the command the user asked for, as long as it takes.
         if self.serving {
@@ -146,8 +138,21 @@ impl State {
 /// The longest a bench run through the API may take.
 const MAX_BENCH_SECONDS: f64 = 3600.0;
 
+/// The run a request asks for, with the API's defaults where it is silent (not yet checked).
+pub fn bench_options(r: &BenchRequest, workloads: Vec<Workload>) -> Options {
+    Options {
+        workloads,
+        jobs: r.jobs.clone().unwrap_or_else(|| vec![1, 4, 16]),
+        iodepth: r.iodepth.clone().unwrap_or_else(|| vec![1]),
+        bs: r.bs.clone(),
+        degraded: r.degraded.clone().unwrap_or_else(|| vec![0, 1, 2]),
+        seconds: r.seconds.unwrap_or(2.0),
+        rebuild: r.rebuild,
+    }
+}
+
 /// A simulated pool of RAM drives paced to the rate the spec gives.
-fn sim_bench_setup(spec: &str, r: &BenchRequest) -> Result<Setup, ApiError> {
+pub fn sim_bench_setup(spec: &str, r: &BenchRequest) -> Result<Setup, ApiError> {
     let spec: SimSpec = spec.parse().map_err(bad)?;
     let level: Level = (r.level.as_deref().unwrap_or("raid6"))
         .parse()

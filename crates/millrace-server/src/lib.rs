@@ -10,7 +10,7 @@
 // (what volumes record); jobs, metered; model (requests and responses); state (the pools held); exports; shares; pools (taking
 // pools into service brings their exports and shares back); bench, metrics, rdma; api.
 mod api;
-mod bench;
+pub mod bench;
 pub mod datapath;
 mod error;
 mod exports;

@@ -34,34 +34,13 @@ fn bench(r: BenchRequest) {
     if let Some(l) = &r.level {
         level(l);
     }
-    let Some(Ok(spec)) = r
-        .sim
-        .as_deref()
-        .map(str::parse::<millrace_bench::sim::SimSpec>)
-    else {
+    let Some(spec) = r.sim.as_deref() else {
         return;
     };
-    let Ok(lvl) = r
-        .level
-        .as_deref()
-        .unwrap_or("raid6")
-        .parse::<millrace_array::Level>()
-    else {
+    let Ok(setup) = millrace_server::bench::sim_bench_setup(spec, &r) else {
         return;
     };
-    let strip = r.strip_bytes.unwrap_or(64 << 10);
-    let Ok(setup) = millrace_bench::sim_setup(&spec, lvl, r.group, strip) else {
-        return;
-    };
-    let opts = millrace_bench::Options {
-        workloads,
-        jobs: r.jobs.unwrap_or_else(|| vec![1, 4, 16]),
-        iodepth: r.iodepth.unwrap_or_else(|| vec![1]),
-        bs: r.bs,
-        degraded: r.degraded.unwrap_or_else(|| vec![0, 1, 2]),
-        seconds: r.seconds.unwrap_or(2.0),
-        rebuild: false,
-    };
+    let opts = millrace_server::bench::bench_options(&r, workloads);
     if opts.check().is_ok() {
         let _ = opts.memory_bytes(&setup);
         let _ = opts.points();
