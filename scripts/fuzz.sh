@@ -52,6 +52,9 @@ if [[ " ${targets[*]} " == *" api_json "* ]]; then
   done
 fi
 
+# One target folder for all three fuzz crates: they share most dependencies, so each is built
+# once (with the sanitizer flags) rather than once per crate.
+fuzz_target_dir=${CARGO_TARGET_DIR:-$PWD/target}/fuzz
 status=0
 for t in "${targets[@]}"; do
   case $t in
@@ -63,7 +66,7 @@ for t in "${targets[@]}"; do
   echo "--- fuzz $t for ${s} s"
   mkdir -p "$fuzz/artifacts/$t" "$fuzz/corpus/$t"
   before=$(ls "$fuzz/artifacts/$t" | wc -l)
-  (cd "$crate" && cargo +nightly fuzz run "$t" -- \
+  (cd "$crate" && cargo +nightly fuzz run --target-dir "$fuzz_target_dir" "$t" -- \
       -max_total_time="$s" -rss_limit_mb=2048 -timeout=30 -print_final_stats=1 2>&1) \
     | grep -v '^#[0-9]*.*\(NEW\|REDUCE\|pulse\)' | tail -n 60
   rc=${PIPESTATUS[0]}
