@@ -10,11 +10,15 @@
 //! - [`ring`]: batches of member I/O submitted to the current core's io_uring and completed
 //!   there, sound against dropped futures; synchronous where no core runs.
 //!
+//! - [`admission`]: bounds on connections in all and per client, rate-limited log lines and
+//!   the accept loop's back-off, shared by the NVMe/TCP and NBD servers.
+//!
 //! docs/DATAPATH.md is the guide for export authors.
 
 // Functions stay under 100 lines (clippy.toml); tests may be longer.
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
 
+pub mod admission;
 mod buddy;
 pub mod buf;
 pub mod cores;

@@ -21,7 +21,7 @@ use crate::datapath::client_key;
 use crate::handshake::{negotiate, Session};
 use crate::proto::*;
 use crate::request::{check, run, send_error, Shared};
-use crate::{Counters, Inner, Peer};
+use crate::{Admitted, Counters, Inner, Peer};
 
 /// Releases the connection's place in the open-connection counts when it ends, however it ends.
 struct OpenGuard<'a>(&'a Counters);
@@ -38,13 +38,15 @@ pub(crate) async fn serve<R, W>(
     pool: BufPool,
     r: R,
     mut w: W,
+    admitted: Admitted,
     peer: Peer,
     only: Option<Arc<str>>,
 ) where
     R: AsyncRead + Unpin + 'static,
     W: AsyncWrite + Unpin + 'static,
 {
-    let _open = OpenGuard(&inner.counters);
+    // The connection's place in the server's counts and limits, until it ends.
+    let _admitted = admitted;
     // Buffered so that small headers (and 4K payloads) cost no syscall each; a payload larger
     // than this goes from the socket straight into its pool buffer once the buffered bytes
     // are taken.

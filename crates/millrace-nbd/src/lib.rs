@@ -50,6 +50,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use millrace_block::BlockDevice;
+use millrace_io::admission::{AcceptBackoff, Admission, Place, RateLimit};
 use millrace_io::{BufPool, CoreTask, Cores, PoolUsage};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
@@ -94,6 +95,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct Limits {
     /// Connections open at once, over all listeners; more are closed at once with a log line.
     pub max_connections: usize,
+    /// Connections open at once from one TCP address (local-socket clients count only in the
+    /// total), so one client cannot take every place.
+    pub max_connections_per_address: usize,
     /// Requests being served at once on one connection.
     pub max_in_flight: usize,
     /// Payload bytes (read buffers and write data) held at once for one connection. Never
@@ -115,6 +119,7 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_connections: 1024,
+            max_connections_per_address: 256,
             max_in_flight: 64,
             max_in_flight_bytes: 128 << 20,
             max_client_bytes: None,
@@ -256,13 +261,26 @@ impl Peer {
     }
 }
 
+/// A connection's place under the server's limits (in all and per TCP address), held by the
+/// connection until it ends, however it ends.
+pub(crate) struct Admitted {
+    inner: Arc<Inner>,
+    _place: Place<IpAddr>,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.inner
+            .counters
+            .connections_open
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Gives back the place `admit` counted for a connection that could not start, and says why.
-fn release(inner: &Inner, peer: &Peer, why: impl std::fmt::Display) {
+fn release(admitted: Admitted, peer: &Peer, why: impl std::fmt::Display) {
     warn!("NBD: dropping the connection from {peer}: {why}");
-    inner
-        .counters
-        .connections_open
-        .fetch_sub(1, Ordering::Relaxed);
+    drop(admitted);
 }
 
 /// Resolves once a flag is raised (or its sender is gone, which also means "stop"). Wrapped so
@@ -278,6 +296,11 @@ pub(crate) struct Inner {
     pub limits: Limits,
     /// Each client's share of the buffer pool.
     pub shares: millrace_io::Shares<Option<std::net::IpAddr>>,
+    /// Connections open, in all and per TCP address.
+    pub admission: Admission<IpAddr>,
+    /// Refused connections and failed accepts are logged at most once a second each.
+    pub refusal_log: RateLimit,
+    pub accept_log: RateLimit,
 }
 
 impl Inner {
@@ -321,6 +344,7 @@ impl NbdServer {
     /// the process's cores and pool first.
     pub fn with_limits(mut limits: Limits) -> Self {
         limits.max_in_flight = limits.max_in_flight.max(1);
+        let admission = Admission::new(limits.max_connections, limits.max_connections_per_address);
         Self {
             inner: Arc::new(Inner {
                 exports: RwLock::new(HashMap::new()),
@@ -328,6 +352,9 @@ impl NbdServer {
                 shutdown: watch::channel(false).0,
                 limits,
                 shares: Default::default(),
+                admission,
+                refusal_log: RateLimit::default(),
+                accept_log: RateLimit::default(),
             }),
             data: Default::default(),
         }
@@ -371,6 +398,7 @@ impl NbdServer {
     fn spawn_conn<F, R, W>(
         &self,
         open: F,
+        admitted: Admitted,
         peer: Peer,
         only: Option<Arc<str>>,
     ) -> Option<CoreTask<()>>
@@ -384,7 +412,7 @@ impl NbdServer {
             Ok(d) => d,
             Err(e) => {
                 release(
-                    &inner,
+                    admitted,
                     &peer,
                     format_args!("the server has no cores to run it on: {e}"),
                 );
@@ -394,8 +422,8 @@ impl NbdServer {
         let pool = dp.pool.clone();
         Some(dp.cores.spawn(move || async move {
             match open() {
-                Ok((r, w)) => conn::serve(inner, pool, r, w, peer, only).await,
-                Err(e) => release(&inner, &peer, e),
+                Ok((r, w)) => conn::serve(inner, pool, r, w, admitted, peer, only).await,
+                Err(e) => release(admitted, &peer, e),
             }
         }))
     }
@@ -407,6 +435,7 @@ impl NbdServer {
         &self,
         std: io::Result<S>,
         open: fn(S) -> io::Result<(R, W)>,
+        admitted: Admitted,
         peer: Peer,
         only: Option<Arc<str>>,
     ) where
@@ -416,9 +445,9 @@ impl NbdServer {
     {
         match std {
             Ok(s) => {
-                self.spawn_conn(move || open(s), peer, only);
+                self.spawn_conn(move || open(s), admitted, peer, only);
             }
-            Err(e) => release(&self.inner, &peer, e),
+            Err(e) => release(admitted, &peer, e),
         }
     }
 
@@ -528,18 +557,19 @@ impl NbdServer {
         only: Option<Arc<str>>,
     ) -> io::Result<()> {
         let mut stop = self.inner.shutdown.subscribe();
+        let mut backoff = AcceptBackoff::default();
         loop {
             let (stream, addr) = tokio::select! {
                 _ = crate::raised(&mut stop) => return Ok(()),
                 r = l.accept() => match r {
                     Ok(x) => x,
                     Err(e) => {
-                        warn!("NBD: accepting a TCP connection failed: {e}; retrying shortly");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        self.accept_failed("TCP", &e, backoff.wait()).await;
                         continue;
                     }
                 },
             };
+            backoff.reset();
             let peer = Peer::Tcp(addr);
             if !self
                 .inner
@@ -551,20 +581,22 @@ impl NbdServer {
                 .any(|e| peer.may_use(&e.export))
             {
                 Counters::add(&self.inner.counters.connections_refused, 1);
-                warn!("NBD: refused a connection from {addr}: no export allows this address");
+                if let Some(n) = self.inner.refusal_log.allow() {
+                    warn!("NBD: refused a connection from {addr}: no export allows this address ({n} more refusals not logged)");
+                }
                 drop(stream);
                 continue;
             }
-            if !self.admit(&peer) {
+            let Some(admitted) = self.admit(&peer) else {
                 continue;
-            }
+            };
             // Small replies (flush, write acks) must not wait for Nagle.
             let _ = stream.set_nodelay(true);
             let open = |s: std::net::TcpStream| -> io::Result<_> {
                 s.set_nonblocking(true)?;
                 Ok(tokio::net::TcpStream::from_std(s)?.into_split())
             };
-            self.to_core(stream.into_std(), open, peer, only.clone());
+            self.to_core(stream.into_std(), open, admitted, peer, only.clone());
         }
     }
 
@@ -590,26 +622,27 @@ impl NbdServer {
         only: Option<Arc<str>>,
     ) -> io::Result<()> {
         let mut stop = self.inner.shutdown.subscribe();
+        let mut backoff = AcceptBackoff::default();
         loop {
             let stream = tokio::select! {
                 _ = crate::raised(&mut stop) => return Ok(()),
                 r = l.accept() => match r {
                     Ok((s, _)) => s,
                     Err(e) => {
-                        warn!("NBD: accepting a unix-socket connection failed: {e}; retrying shortly");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        self.accept_failed("unix-socket", &e, backoff.wait()).await;
                         continue;
                     }
                 },
             };
-            if !self.admit(&Peer::Unix) {
+            backoff.reset();
+            let Some(admitted) = self.admit(&Peer::Unix) else {
                 continue;
-            }
+            };
             let open = |s: std::os::unix::net::UnixStream| -> io::Result<_> {
                 s.set_nonblocking(true)?;
                 Ok(tokio::net::UnixStream::from_std(s)?.into_split())
             };
-            self.to_core(stream.into_std(), open, Peer::Unix, only.clone());
+            self.to_core(stream.into_std(), open, admitted, Peer::Unix, only.clone());
         }
     }
 
@@ -622,27 +655,47 @@ impl NbdServer {
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
         let peer = tcp_peer.map_or(Peer::Unix, Peer::Tcp);
-        if !self.admit(&peer) {
+        let Some(admitted) = self.admit(&peer) else {
             return;
-        }
-        if let Some(t) = self.spawn_conn(move || Ok(tokio::io::split(s)), peer, None) {
+        };
+        if let Some(t) = self.spawn_conn(move || Ok(tokio::io::split(s)), admitted, peer, None) {
             let _ = t.await;
         }
     }
 
-    fn admit(&self, peer: &Peer) -> bool {
-        let open = self.inner.counters.connections_open.load(Ordering::Relaxed);
-        if open as usize >= self.inner.limits.max_connections {
-            Counters::add(&self.inner.counters.connections_refused, 1);
-            warn!(
-                "NBD: refused a connection from {peer}: {open} connections are open, the limit is {}",
-                self.inner.limits.max_connections
-            );
-            return false;
+    /// A place for the connection under the limits (in all, and per TCP address), or None
+    /// after counting and logging the refusal.
+    fn admit(&self, peer: &Peer) -> Option<Admitted> {
+        let client = match peer {
+            Peer::Tcp(a) => Some(a.ip().to_canonical()),
+            Peer::Unix => None,
+        };
+        match self.inner.admission.take(client) {
+            Ok(place) => {
+                // Counted here, given back when the connection's `Admitted` is dropped.
+                Counters::add(&self.inner.counters.connections_open, 1);
+                Counters::add(&self.inner.counters.connections_total, 1);
+                Some(Admitted {
+                    inner: self.inner.clone(),
+                    _place: place,
+                })
+            }
+            Err(why) => {
+                Counters::add(&self.inner.counters.connections_refused, 1);
+                if let Some(n) = self.inner.refusal_log.allow() {
+                    warn!("NBD: refused a connection from {peer}: {why} ({n} more refusals not logged)");
+                }
+                None
+            }
         }
-        // Counted here, released by the connection when it ends.
-        Counters::add(&self.inner.counters.connections_open, 1);
-        Counters::add(&self.inner.counters.connections_total, 1);
-        true
+    }
+
+    /// An accept failed (out of descriptors, say): log it (at most once a second) and wait
+    /// before the next try; the connections already open go on being served.
+    async fn accept_failed(&self, what: &str, e: &io::Error, wait: Duration) {
+        if let Some(n) = self.inner.accept_log.allow() {
+            warn!("NBD: accepting a {what} connection failed ({n} more not logged): {e}; retrying in {wait:?}");
+        }
+        tokio::time::sleep(wait).await;
     }
 }

@@ -648,3 +648,67 @@ async fn a_maximal_request_round_trips() {
     assert_eq!(c.write(4 * MIB + 1, &d, CMD_FLAG_FUA).await.unwrap(), 0);
     assert!(c.read(4 * MIB + 1, 32 << 20).await.unwrap() == d);
 }
+
+/// Connects to `addr` from the local address `from` (any port).
+async fn connect_from(from: &str, addr: std::net::SocketAddr) -> TcpStream {
+    let s = tokio::net::TcpSocket::new_v4().unwrap();
+    s.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    s.connect(addr).await.unwrap()
+}
+
+/// Issue #16 item 2: one client address cannot take every connection place. Past its bound a
+/// new connection from that address is closed before the greeting and counted as refused,
+/// while another address still gets in; a place comes back when its connection ends.
+#[tokio::test]
+async fn connections_per_address_are_bounded() {
+    let server = NbdServer::with_limits(Limits {
+        max_connections_per_address: 3,
+        ..Limits::default()
+    });
+    server
+        .add_export(export(
+            "vol",
+            Arc::new(MemBlockDevice::new(MIB)),
+            &["127.0.0.0/8"],
+        ))
+        .unwrap();
+    let addr = tcp_server(&server).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut s = connect_from("127.0.0.1", addr).await;
+        greet(&mut s).await.unwrap();
+        held.push(s);
+    }
+    let mut over = connect_from("127.0.0.1", addr).await;
+    let mut b = Vec::new();
+    let n = tokio::time::timeout(Duration::from_secs(5), over.read_to_end(&mut b))
+        .await
+        .expect("the fourth connection from one address should be closed at once")
+        .unwrap();
+    assert_eq!(
+        n, 0,
+        "a connection over the bound gets nothing, not even the greeting"
+    );
+    assert_eq!(server.stats().connections_refused, 1);
+    // Another address is not held back by the first one's connections, and does I/O.
+    let mut c = Client::go(connect_from("127.0.0.2", addr).await, "vol", false)
+        .await
+        .unwrap();
+    c.write(0, b"other", 0).await.unwrap();
+    assert_eq!(c.read(0, 5).await.unwrap(), b"other");
+    // One of the first address's connections ends: its place comes back.
+    drop(held.pop());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut s = connect_from("127.0.0.1", addr).await;
+        if greet(&mut s).await.is_ok() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the place of a closed connection did not come back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(server.stats().connections_open, 4);
+}

@@ -432,40 +432,15 @@ pub(crate) struct Inner {
     pub ports: Mutex<Vec<Port>>,
     pub genctr: AtomicU64,
     pub counters: Counters,
-    /// Connections open now per source address (entries go when they reach zero).
-    pub per_address: Mutex<HashMap<std::net::IpAddr, usize>>,
+    /// Connections open now, in all and per source address.
+    pub admission: millrace_io::admission::Admission<std::net::IpAddr>,
     /// Refusals are logged at most once a second each kind, with a count of those not logged.
-    pub refusal_log: RateLimit,
-    pub connect_log: RateLimit,
+    pub refusal_log: millrace_io::admission::RateLimit,
+    pub connect_log: millrace_io::admission::RateLimit,
     pub epoch: Instant,
     pub shutdown: CancellationToken,
     /// Each connected host's share of the pool.
     pub host_shares: millrace_io::Shares<String>,
-}
-
-/// Lets a log line through at most once a second; counts the ones held back, so the next
-/// line says how many there were (a flood of refusals must not become a flood of log).
-#[derive(Default)]
-pub(crate) struct RateLimit {
-    last_ms: AtomicU64,
-    held: AtomicU64,
-}
-
-impl RateLimit {
-    /// `Some(n)`: log now, mentioning `n` held back since the last line; None: stay quiet.
-    pub fn allow(&self, now_ms: u64) -> Option<u64> {
-        let last = self.last_ms.load(Ordering::Relaxed);
-        let first = last == 0 && self.held.load(Ordering::Relaxed) == 0;
-        if (first || now_ms >= last + 1000)
-            && (self.last_ms)
-                .compare_exchange(last, now_ms.max(1), Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            return Some(self.held.swap(0, Ordering::Relaxed));
-        }
-        self.held.fetch_add(1, Ordering::Relaxed);
-        None
-    }
 }
 
 impl Inner {

@@ -270,7 +270,7 @@ impl Session {
                         c.connects_refused_rdma.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-                if let Some(n) = self.t.connect_log.allow(self.t.now_ms()) {
+                if let Some(n) = self.t.connect_log.allow() {
                     tracing::warn!(peer = %self.peer, transport = self.transport.kind.as_str(), host = %who.0, subsystem = %who.1, "refused a Connect: {why} ({n} more refusals not logged)");
                 }
                 reply

@@ -17,7 +17,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -50,6 +50,10 @@ impl Target {
             controllers: Mutex::new(Controllers::default()),
             io: IoCounters::default(),
         });
+        let admission = millrace_io::admission::Admission::new(
+            cfg.max_connections,
+            cfg.max_connections_per_address,
+        );
         Target {
             inner: Arc::new(Inner {
                 cfg,
@@ -58,7 +62,7 @@ impl Target {
                 ports: Mutex::new(Vec::new()),
                 genctr: AtomicU64::new(1),
                 counters: Counters::default(),
-                per_address: Mutex::new(HashMap::new()),
+                admission,
                 refusal_log: Default::default(),
                 connect_log: Default::default(),
                 data: std::sync::OnceLock::new(),
@@ -406,7 +410,7 @@ impl Target {
     }
 
     async fn accept_loop(&self, listener: TcpListener, discovery_only: bool) -> io::Result<()> {
-        let mut backoff = Duration::from_millis(10);
+        let mut backoff = millrace_io::admission::AcceptBackoff::default();
         loop {
             let (sock, peer) = tokio::select! {
                 _ = self.inner.shutdown.cancelled() => return Ok(()),
@@ -415,16 +419,16 @@ impl Target {
                     Err(e) => {
                         // Out of descriptors (EMFILE, ENFILE) and the like pass: back off (up
                         // to a second) and keep serving the connections already open.
-                        if let Some(n) = self.inner.refusal_log.allow(self.inner.now_ms()) {
-                            tracing::warn!("accepting an NVMe/TCP connection failed ({n} more not logged): {e}; retrying in {backoff:?}");
+                        let wait = backoff.wait();
+                        if let Some(n) = self.inner.refusal_log.allow() {
+                            tracing::warn!("accepting an NVMe/TCP connection failed ({n} more not logged): {e}; retrying in {wait:?}");
                         }
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(1));
+                        tokio::time::sleep(wait).await;
                         continue;
                     }
                 },
             };
-            backoff = Duration::from_millis(10);
+            backoff.reset();
             let Some(slot) = Admitted::take(&self.inner, peer) else {
                 continue;
             };
@@ -458,53 +462,33 @@ impl Target {
 /// back when the connection ends, on whichever thread that is.
 struct Admitted {
     t: Arc<Inner>,
-    ip: std::net::IpAddr,
+    _place: millrace_io::admission::Place<std::net::IpAddr>,
 }
 
 impl Admitted {
     fn take(t: &Arc<Inner>, peer: SocketAddr) -> Option<Admitted> {
         let c = &t.counters;
-        let ip = peer.ip();
-        let why = {
-            let mut per = t.per_address.lock();
-            let n = per.get(&ip).copied().unwrap_or(0);
-            if c.connections_open.load(Ordering::Relaxed) as usize >= t.cfg.max_connections {
-                Some(format!(
-                    "the target already has its maximum of {} connections",
-                    t.cfg.max_connections
-                ))
-            } else if n >= t.cfg.max_connections_per_address {
-                Some(format!(
-                    "{ip} already has its maximum of {} connections",
-                    t.cfg.max_connections_per_address
-                ))
-            } else {
-                per.insert(ip, n + 1);
-                c.connections_open.fetch_add(1, Ordering::Relaxed);
-                None
+        let place = match t.admission.take(Some(peer.ip())) {
+            Ok(p) => p,
+            Err(why) => {
+                c.connections_refused.fetch_add(1, Ordering::Relaxed);
+                if let Some(n) = t.refusal_log.allow() {
+                    tracing::warn!(%peer, "refusing an NVMe/TCP connection: {why} ({n} more refusals not logged)");
+                }
+                return None;
             }
         };
-        if let Some(why) = why {
-            c.connections_refused.fetch_add(1, Ordering::Relaxed);
-            if let Some(n) = t.refusal_log.allow(t.now_ms()) {
-                tracing::warn!(%peer, "refusing an NVMe/TCP connection: {why} ({n} more refusals not logged)");
-            }
-            return None;
-        }
+        c.connections_open.fetch_add(1, Ordering::Relaxed);
         c.connections_total.fetch_add(1, Ordering::Relaxed);
-        Some(Admitted { t: t.clone(), ip })
+        Some(Admitted {
+            t: t.clone(),
+            _place: place,
+        })
     }
 }
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        let mut per = self.t.per_address.lock();
-        if let Some(n) = per.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                per.remove(&self.ip);
-            }
-        }
         self.t
             .counters
             .connections_open

@@ -471,7 +471,7 @@ impl Conn {
 
     fn timed_out(&self, what: &str) -> Stop {
         self.t.counters.timeouts.fetch_add(1, Ordering::Relaxed);
-        if let Some(n) = self.t.refusal_log.allow(self.t.now_ms()) {
+        if let Some(n) = self.t.refusal_log.allow() {
             tracing::warn!(peer = %self.peer, "closing an NVMe/TCP connection that did not send {what} in time ({n} more not logged)");
         }
         Stop::Quiet

@@ -25,7 +25,7 @@ use millrace_block::{BufResult, IoBuf};
 use millrace_io::{Batch, SharedBuf};
 
 use super::layout::ReadFrom;
-use super::parity_write::RingWrite;
+use super::parity_ring::RingWrite;
 use super::ring::{Drives, Sent};
 use super::unlogged::Ticket;
 use super::write::sector_span;
@@ -129,17 +129,8 @@ impl Array {
             .filter(|_| self.geo.level.is_parity() && !whole_rows)
         {
             self.mark_intent(a0, a1);
-            let mut one = [RingWrite {
-                offset,
-                buf: SharedBuf::new(buf),
-                fua,
-            }];
-            let r = super::parity_write::write_on_ring(self, d, &mut one).await;
-            let [one] = one;
-            buf = one
-                .buf
-                .try_unwrap()
-                .expect("every member operation has completed");
+            let r;
+            (r, buf) = self.partial_on_ring(d, offset, buf, fua).await;
             match r {
                 Ok(true) => return (Ok(()), buf),
                 Err(e) => return (Err(e.into()), buf),
@@ -178,6 +169,28 @@ impl Array {
             sb.try_unwrap()
                 .expect("every member operation has completed"),
         )
+    }
+
+    /// A parity write of less than whole rows on this core's ring; Ok(false): a member failed.
+    async fn partial_on_ring(
+        &self,
+        d: &Drives,
+        offset: u64,
+        buf: IoBuf,
+        fua: bool,
+    ) -> (Result<bool>, IoBuf) {
+        let mut one = [RingWrite {
+            offset,
+            buf: SharedBuf::new(buf),
+            fua,
+        }];
+        let r = super::parity_ring::write_on_ring(self, d, &mut one).await;
+        let [one] = one;
+        let buf = one
+            .buf
+            .try_unwrap()
+            .expect("every member operation has completed");
+        (r, buf)
     }
 
     /// `flush` as one batch of fdatasyncs on this core's ring where it can be.

@@ -3,7 +3,7 @@
 //! core first joins its row's pending set, lets the other tasks ready in this scheduler round
 //! run (a queue of sequential writes submitted together joins here), then waits for the row's
 //! lock. Whoever gets the lock first takes every pending write of the row that overlaps none
-//! taken before it, plans them as one (`parity_write::write_on_ring`: full-stripe where they
+//! taken before it, plans them as one (`parity_ring::write_on_ring`: full-stripe where they
 //! cover the row, else the cheaper of read-modify-write and reconstruct-write over their union)
 //! and completes each with its own result. A write whose task was not the one to plan it is
 //! woken by the result, not by the lock.
@@ -30,7 +30,7 @@ use millrace_io::SharedBuf;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
-use super::parity_write::{write_on_ring, RingWrite};
+use super::parity_ring::{write_on_ring, RingWrite};
 use super::Array;
 
 /// A partial-row write waiting for the row's lock, to be written by its own task or another's.

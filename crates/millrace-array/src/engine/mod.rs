@@ -23,6 +23,7 @@ mod locks;
 mod merge;
 mod mirror;
 mod parity;
+mod parity_ring;
 mod parity_write;
 mod ppl_log;
 mod ppl_recover;

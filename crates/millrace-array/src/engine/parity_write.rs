@@ -10,10 +10,8 @@ use super::codes::add_share;
 use super::codes::{gen_parity, recover};
 use super::{Array, ArrayError, Piece, Result};
 use crate::ppl::{LogEntry, LogWrite};
-use millrace_io::{Batch, IoBuf, SharedBuf};
+use millrace_io::IoBuf;
 
-use super::ring::{Drives, Sent};
-use super::unlogged::Ticket;
 use crate::io::Op;
 
 /// The data of the requests one plan writes: one buffer per request (several when writes in
@@ -21,16 +19,16 @@ use crate::io::Op;
 pub(super) type Srcs<'a> = &'a [&'a [u8]];
 
 /// One data strip's part of a write.
-struct StripWrite {
+pub(super) struct StripWrite {
     /// The data strip's index in its group (its syndrome order).
-    index: usize,
+    pub(super) index: usize,
     /// Offset inside the strip.
-    at: u64,
+    pub(super) at: u64,
     /// Which request's data (index into the plan's `Srcs`).
-    src: usize,
+    pub(super) src: usize,
     /// Offset inside that request's data.
-    from: usize,
-    len: usize,
+    pub(super) from: usize,
+    pub(super) len: usize,
 }
 
 impl StripWrite {
@@ -39,7 +37,7 @@ impl StripWrite {
     }
 }
 
-enum Plan {
+pub(super) enum Plan {
     Full,
     Rmw,
     Rcw,
@@ -47,21 +45,21 @@ enum Plan {
 }
 
 /// The writes of one request that land in one group of one row.
-struct Unit {
-    row: u64,
+pub(super) struct Unit {
+    pub(super) row: u64,
     group: usize,
     /// Members in syndrome order: data 0..k, then P (and Q).
-    layout: Vec<usize>,
-    writes: Vec<StripWrite>,
-    lo: u64,
+    pub(super) layout: Vec<usize>,
+    pub(super) writes: Vec<StripWrite>,
+    pub(super) lo: u64,
     hi: u64,
-    plan: Plan,
+    pub(super) plan: Plan,
     /// Span [lo, hi) buffers per layout position, as the plan needs them.
-    span: Vec<Option<IoBuf>>,
+    pub(super) span: Vec<Option<IoBuf>>,
     /// Old contents of each write (read-modify-write).
-    old: Vec<Option<IoBuf>>,
+    pub(super) old: Vec<Option<IoBuf>>,
     /// Layout positions this attempt could not read (fixed at planning time).
-    missing: Vec<usize>,
+    pub(super) missing: Vec<usize>,
     /// Parities (0: P, 1: Q) whose partial parity is logged before the unit is written: while a
     /// data strip of the unit is on a member out of service (see `ppl_log`).
     log: Vec<usize>,
@@ -103,7 +101,7 @@ pub(super) fn write(a: &Array, pieces: &[Piece], data: &[u8]) -> Result<bool> {
 }
 
 /// The units of these pieces, each tagged with the request (source) it belongs to.
-fn units<'p>(a: &Array, pieces: impl Iterator<Item = (usize, &'p Piece)>) -> Vec<Unit> {
+pub(super) fn units<'p>(a: &Array, pieces: impl Iterator<Item = (usize, &'p Piece)>) -> Vec<Unit> {
     let geo = &a.geo;
     let mut units: Vec<Unit> = Vec::new();
     for (src, p) in pieces {
@@ -148,7 +146,7 @@ fn units<'p>(a: &Array, pieces: impl Iterator<Item = (usize, &'p Piece)>) -> Vec
 }
 
 /// Chooses the unit's plan and gives it the buffers the plan needs.
-fn plan(a: &Array, u: &mut Unit) -> Result<()> {
+pub(super) fn plan(a: &Array, u: &mut Unit) -> Result<()> {
     let k = a.geo.group_data();
     let np = a.geo.level.parity();
     let span = u.span_len();
@@ -262,7 +260,7 @@ fn read_phase(a: &Array, units: &mut [Unit]) -> bool {
     a.run(&mut ops)
 }
 
-fn compute(a: &Array, units: &mut [Unit], data: Srcs) {
+pub(super) fn compute(a: &Array, units: &mut [Unit], data: Srcs) {
     let np = a.geo.level.parity();
     for u in units.iter_mut() {
         match u.plan {
@@ -449,187 +447,4 @@ fn log_records(a: &Array, units: &[Unit], data: Srcs, out: &[usize]) -> Records 
         }
     }
     (stripes, records)
-}
-
-/// Where a buffer lent to the ring comes back to: a unit's span or old-data slot.
-enum Slot {
-    Span(usize, usize),
-    Old(usize, usize),
-}
-
-impl Slot {
-    fn of<'u>(&self, units: &'u mut [Unit]) -> &'u mut Option<IoBuf> {
-        match *self {
-            Slot::Span(u, i) => &mut units[u].span[i],
-            Slot::Old(u, j) => &mut units[u].old[j],
-        }
-    }
-}
-
-/// The member reads of a unit's plan: (member, member offset, slot).
-fn planned_reads(a: &Array, ui: usize, u: &Unit) -> Vec<(usize, u64, Slot)> {
-    let k = a.geo.group_data();
-    let at = a.member_offset(u.row, u.lo);
-    let mut v = Vec::new();
-    match u.plan {
-        Plan::Full => {}
-        Plan::Rmw => {
-            for (j, w) in u.writes.iter().enumerate() {
-                let off = a.member_offset(u.row, w.at);
-                v.push((u.layout[w.index], off, Slot::Old(ui, j)));
-            }
-            for i in k..u.layout.len() {
-                v.push((u.layout[i], at, Slot::Span(ui, i)));
-            }
-        }
-        Plan::Rcw => {
-            for i in (0..k).filter(|&i| u.span[i].is_some()) {
-                v.push((u.layout[i], at, Slot::Span(ui, i)));
-            }
-        }
-        Plan::Rebuild => {
-            for i in (0..u.layout.len()).filter(|i| !u.missing.contains(i)) {
-                v.push((u.layout[i], at, Slot::Span(ui, i)));
-            }
-        }
-    }
-    v
-}
-
-/// One request of a parity write on the ring: its place, its data and whether it is FUA.
-pub(super) struct RingWrite {
-    pub offset: u64,
-    /// Only this handle exists outside the batches of `write_on_ring`.
-    pub buf: SharedBuf,
-    pub fua: bool,
-}
-
-/// A parity write of one or more requests (writes in flight to one stripe, merged, see
-/// `merge`) on this core's ring: one plan over all their pieces, its reads as one batch, parity
-/// computed when they complete, then data and parity as one batch, straight from the requests'
-/// buffers. The requests never overlap. Only for a pool with every member online (no log).
-/// Ok(false): a member failed; plan again.
-pub(super) async fn write_on_ring(
-    a: &Array,
-    drives: &Drives,
-    reqs: &mut [RingWrite],
-) -> Result<bool> {
-    let pieces: Vec<Vec<Piece>> = reqs
-        .iter()
-        .map(|r| a.pieces(r.offset, r.buf.len()))
-        .collect();
-    let tagged = pieces
-        .iter()
-        .enumerate()
-        .flat_map(|(i, ps)| ps.iter().map(move |p| (i, p)));
-    let mut units = units(a, tagged);
-    for u in units.iter_mut() {
-        plan(a, u)?;
-        if matches!(u.plan, Plan::Rebuild) {
-            // A member left service since the request was placed: the blocking engine (and its
-            // log) handles degraded writes.
-            return Ok(false);
-        }
-    }
-    let reads: Vec<(usize, u64, Slot)> = units
-        .iter()
-        .enumerate()
-        .flat_map(|(ui, u)| planned_reads(a, ui, u))
-        .collect();
-    if !ring_batch(a, drives, &mut units, reads, None, false).await {
-        return Ok(false);
-    }
-    {
-        let views: Vec<&[u8]> = reqs
-            .iter_mut()
-            .map(|r| &r.buf.get_mut().expect("no operation holds the data")[..])
-            .collect();
-        compute(a, &mut units, &views);
-    }
-    let k = a.geo.group_data();
-    // Parity covers every request's data: durable at once if any of them asked for it.
-    let parity_fua = reqs.iter().any(|r| r.fua);
-    let mut writes = Vec::new();
-    for (ui, u) in units.iter().enumerate() {
-        let at = a.member_offset(u.row, u.lo);
-        for i in k..u.layout.len() {
-            writes.push((u.layout[i], at, Slot::Span(ui, i)));
-        }
-    }
-    let n: usize = pieces.iter().map(Vec::len).sum();
-    let mut extra = Batch::with_capacity(n + writes.len());
-    let mut sent = Vec::with_capacity(n + writes.len());
-    for u in &units {
-        for w in &u.writes {
-            let m = u.layout[w.index];
-            let off = a.member_offset(u.row, w.at);
-            let range = w.from..w.from + w.len;
-            let r = &reqs[w.src];
-            extra.write(a.ring_fd(drives, m), off, &r.buf, range, r.fua);
-            sent.push(Sent {
-                member: m,
-                len: w.len,
-                write: true,
-            });
-        }
-    }
-    a.retire_log();
-    let Some(ticket) = a.begin_unlogged() else {
-        // A member failed since planning: the blocking engine writes with the log.
-        return Ok(false);
-    };
-    // A member whose write fails leaves service; the write stands while the pool survives.
-    let extra = Some((extra, sent, ticket));
-    ring_batch(a, drives, &mut units, writes, extra, parity_fua).await;
-    match a.offline_group() {
-        Some(e) => Err(e),
-        None => Ok(true),
-    }
-}
-
-/// Runs member operations on the slots' buffers (reads, or writes with `fua`) together with
-/// `extra` (the data writes of an unlogged write, and its ticket), as one batch; the buffers go back to their slots. Returns whether all succeeded.
-async fn ring_batch(
-    a: &Array,
-    drives: &Drives,
-    units: &mut [Unit],
-    ops: Vec<(usize, u64, Slot)>,
-    extra: Option<(Batch, Vec<Sent>, Ticket)>,
-    write_fua: bool,
-) -> bool {
-    let write = extra.is_some();
-    let (mut batch, mut sent, ticket) = match extra {
-        Some((b, s, t)) => (b, s, Some(t)),
-        None => (Batch::with_capacity(ops.len()), Vec::new(), None),
-    };
-    let mut lent = Vec::with_capacity(ops.len());
-    for (m, off, slot) in ops {
-        let b = SharedBuf::new(
-            slot.of(units)
-                .take()
-                .expect("the plan gave the slot a buffer"),
-        );
-        let fd = a.ring_fd(drives, m);
-        if write {
-            batch.write(fd, off, &b, 0..b.len(), write_fua);
-        } else {
-            batch.read(fd, off, &b, 0..b.len());
-        }
-        sent.push(Sent {
-            member: m,
-            len: b.len(),
-            write,
-        });
-        lent.push((slot, b));
-    }
-    let results = batch.run().await;
-    // Given back before a failure among the results is recorded (it waits for every ticket).
-    drop(ticket);
-    for (slot, b) in lent {
-        *slot.of(units) = Some(
-            b.try_unwrap()
-                .expect("every member operation has completed"),
-        );
-    }
-    a.account(drives, &sent, results)
 }
