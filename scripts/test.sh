@@ -5,11 +5,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
 # A run from a fresh clone gains nothing from incremental caches, which take about as much disk
-# as the build itself; without them a full run from a fresh clone needs about 30 GiB free.
+# as the build itself; without them a full run from a fresh clone needs about 10 GiB free.
 export CARGO_INCREMENTAL=0
 free_gib=$(df -Pk . | awk 'NR == 2 { print int($4 / 1048576) }')
-if ((free_gib < 30)); then
-  echo "warning: only $free_gib GiB free here; a full run from a fresh clone needs about 30 GiB, so steps may fail with 'No space left on device'. Free space (an old target/ folder) first."
+if ((free_gib < 10)); then
+  echo "warning: only $free_gib GiB free here; a full run from a fresh clone needs about 10 GiB, so steps may fail with 'No space left on device'. Free space (an old target/ folder) first."
 fi
 
 passed=0 failed=0 failures=()
