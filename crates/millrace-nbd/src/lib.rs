@@ -262,20 +262,9 @@ impl Peer {
 }
 
 /// A connection's place under the server's limits (in all and per TCP address), held by the
-/// connection until it ends, however it ends.
-pub(crate) struct Admitted {
-    inner: Arc<Inner>,
-    _place: Place<IpAddr>,
-}
-
-impl Drop for Admitted {
-    fn drop(&mut self) {
-        self.inner
-            .counters
-            .connections_open
-            .fetch_sub(1, Ordering::Relaxed);
-    }
-}
+/// connection until it ends, however it ends. The server-wide open count is read from the
+/// admission itself, so it cannot drift from the places actually held.
+pub(crate) type Admitted = Place<IpAddr>;
 
 /// Gives back the place `admit` counted for a connection that could not start, and says why.
 fn release(admitted: Admitted, peer: &Peer, why: impl std::fmt::Display) {
@@ -515,7 +504,10 @@ impl NbdServer {
 
     /// Server-wide counters.
     pub fn stats(&self) -> Stats {
-        self.inner.counters.snapshot()
+        Stats {
+            connections_open: self.inner.admission.open() as u64,
+            ..self.inner.counters.snapshot()
+        }
     }
 
     /// Counters of one export (reset if it is removed and added again).
@@ -672,13 +664,8 @@ impl NbdServer {
         };
         match self.inner.admission.take(client) {
             Ok(place) => {
-                // Counted here, given back when the connection's `Admitted` is dropped.
-                Counters::add(&self.inner.counters.connections_open, 1);
                 Counters::add(&self.inner.counters.connections_total, 1);
-                Some(Admitted {
-                    inner: self.inner.clone(),
-                    _place: place,
-                })
+                Some(place)
             }
             Err(why) => {
                 Counters::add(&self.inner.counters.connections_refused, 1);

@@ -193,7 +193,6 @@ pub struct Stats {
 
 #[derive(Default)]
 pub(crate) struct Counters {
-    pub connections_open: AtomicU64,
     pub connections_total: AtomicU64,
     pub connections_refused: AtomicU64,
     pub commands: AtomicU64,

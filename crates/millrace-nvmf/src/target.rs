@@ -365,7 +365,7 @@ impl Target {
         let c = &self.inner.counters;
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let mut s = Stats {
-            connections_open: r(&c.connections_open),
+            connections_open: self.inner.admission.open() as u64,
             connections_total: r(&c.connections_total),
             connections_refused: r(&c.connections_refused),
             commands: r(&c.commands),
@@ -429,7 +429,7 @@ impl Target {
                 },
             };
             backoff.reset();
-            let Some(slot) = Admitted::take(&self.inner, peer) else {
+            let Some(slot) = admit(&self.inner, peer) else {
                 continue;
             };
             let t = self.inner.clone();
@@ -459,41 +459,25 @@ impl Target {
 }
 
 /// A connection's place under the target's limits (in total and per source address), given
-/// back when the connection ends, on whichever thread that is.
-struct Admitted {
-    t: Arc<Inner>,
-    _place: millrace_io::admission::Place<std::net::IpAddr>,
-}
+/// back when the connection ends, on whichever thread that is. The open count in `stats` is
+/// read from the admission, so it cannot drift from the places held.
+type Admitted = millrace_io::admission::Place<std::net::IpAddr>;
 
-impl Admitted {
-    fn take(t: &Arc<Inner>, peer: SocketAddr) -> Option<Admitted> {
-        let c = &t.counters;
-        let place = match t.admission.take(Some(peer.ip())) {
-            Ok(p) => p,
-            Err(why) => {
-                c.connections_refused.fetch_add(1, Ordering::Relaxed);
-                if let Some(n) = t.refusal_log.allow() {
-                    tracing::warn!(%peer, "refusing an NVMe/TCP connection: {why} ({n} more refusals not logged)");
-                }
-                return None;
+/// A place for a connection from `peer`, or None after counting and logging the refusal.
+fn admit(t: &Arc<Inner>, peer: SocketAddr) -> Option<Admitted> {
+    let c = &t.counters;
+    let place = match t.admission.take(Some(peer.ip())) {
+        Ok(p) => p,
+        Err(why) => {
+            c.connections_refused.fetch_add(1, Ordering::Relaxed);
+            if let Some(n) = t.refusal_log.allow() {
+                tracing::warn!(%peer, "refusing an NVMe/TCP connection: {why} ({n} more refusals not logged)");
             }
-        };
-        c.connections_open.fetch_add(1, Ordering::Relaxed);
-        c.connections_total.fetch_add(1, Ordering::Relaxed);
-        Some(Admitted {
-            t: t.clone(),
-            _place: place,
-        })
-    }
-}
-
-impl Drop for Admitted {
-    fn drop(&mut self) {
-        self.t
-            .counters
-            .connections_open
-            .fetch_sub(1, Ordering::Relaxed);
-    }
+            return None;
+        }
+    };
+    c.connections_total.fetch_add(1, Ordering::Relaxed);
+    Some(place)
 }
 
 /// A listener named in the discovery log; dropping it takes the name out.
