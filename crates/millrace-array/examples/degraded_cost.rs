@@ -3,8 +3,9 @@
 //! and with one or two members failed, for whole-stripe and 4 KiB writes.
 //!
 //! `cargo run --release -p millrace-array --example degraded_cost` prints a Markdown table
-//! (docs/PERFORMANCE.md quotes it). It uses only the public engine API, so the same file runs
-//! against older versions for a before/after comparison.
+//! (docs/PERFORMANCE.md quotes it). It uses only the public engine API (and, since the log's
+//! records went FUA, `Drive::write_fua_at`; drop that method and its column to run it against
+//! older versions for a before/after comparison).
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +24,7 @@ struct Counts {
     writes: AtomicU64,
     bytes: AtomicU64,
     flushes: AtomicU64,
+    fua: AtomicU64,
 }
 
 struct Counting {
@@ -49,10 +51,16 @@ impl Drive for Counting {
         self.c.flushes.fetch_add(1, Ordering::Relaxed);
         self.inner.flush()
     }
+    fn write_fua_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.c.fua.fetch_add(1, Ordering::Relaxed);
+        self.c.writes.fetch_add(1, Ordering::Relaxed);
+        self.c.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.inner.write_fua_at(buf, offset)
+    }
 }
 
-/// (member writes, flushes, bytes written) per client write, and bytes written per client byte.
-fn measure(level: Level, n: usize, failed: usize, len: u64) -> (f64, f64, f64) {
+/// (member writes, of them FUA, flushes) per client write, and bytes written per client byte.
+fn measure(level: Level, n: usize, failed: usize, len: u64) -> (f64, f64, f64, f64) {
     let c = Arc::new(Counts::default());
     let drives: Vec<Arc<dyn Drive>> = (0..n)
         .map(|i| {
@@ -72,6 +80,7 @@ fn measure(level: Level, n: usize, failed: usize, len: u64) -> (f64, f64, f64) {
     c.writes.store(0, Ordering::Relaxed);
     c.bytes.store(0, Ordering::Relaxed);
     c.flushes.store(0, Ordering::Relaxed);
+    c.fua.store(0, Ordering::Relaxed);
     let size = a.size_bytes();
     let count = 48u64;
     let data = vec![7u8; len as usize];
@@ -82,12 +91,12 @@ fn measure(level: Level, n: usize, failed: usize, len: u64) -> (f64, f64, f64) {
     }
     let per = |x: &AtomicU64| x.load(Ordering::Relaxed) as f64 / count as f64;
     let amp = c.bytes.load(Ordering::Relaxed) as f64 / (count * len) as f64;
-    (per(&c.writes), per(&c.flushes), amp)
+    (per(&c.writes), per(&c.fua), per(&c.flushes), amp)
 }
 
 fn main() {
-    println!("| pool | failed | write | member writes / write | flushes / write | bytes written / client byte |");
-    println!("|---|---|---|---|---|---|");
+    println!("| pool | failed | write | member writes / write | of them FUA | flushes / write | bytes written / client byte |");
+    println!("|---|---|---|---|---|---|---|");
     for (name, level, n) in [
         ("RAID6 x16", Level::Raid6, 16),
         ("RAID6 x8", Level::Raid6, 8),
@@ -98,8 +107,8 @@ fn main() {
         let most = if level == Level::Raid6 { 2 } else { 1 };
         for failed in 0..=most {
             for (w, len) in [("full stripe", fs), ("4 KiB", 4096)] {
-                let (wr, fl, amp) = measure(level, n, failed, len);
-                println!("| {name} | {failed} | {w} | {wr:.1} | {fl:.1} | {amp:.2} |");
+                let (wr, fua, fl, amp) = measure(level, n, failed, len);
+                println!("| {name} | {failed} | {w} | {wr:.1} | {fua:.1} | {fl:.1} | {amp:.2} |");
             }
         }
     }

@@ -15,6 +15,8 @@ use crate::drive::Drive;
 pub enum OpBuf<'a> {
     Read(&'a mut [u8]),
     Write(&'a [u8]),
+    /// A write durable when it completes (RWF_DSYNC: FUA where the drive has it).
+    WriteFua(&'a [u8]),
     /// Makes the member's completed writes durable (fdatasync).
     Flush,
 }
@@ -41,6 +43,14 @@ impl<'a> Op<'a> {
             buf: OpBuf::Write(buf),
         }
     }
+    /// A write that is durable when it completes, without flushing the member's other writes.
+    pub fn write_fua(member: usize, offset: u64, buf: &'a [u8]) -> Op<'a> {
+        Op {
+            member,
+            offset,
+            buf: OpBuf::WriteFua(buf),
+        }
+    }
     /// A flush of the member: in one batch, every member's flush is in flight at once (a batch
     /// gives no order, so flushes go in a batch after the writes they cover).
     pub fn flush(member: usize) -> Op<'a> {
@@ -51,7 +61,7 @@ impl<'a> Op<'a> {
         }
     }
     pub fn is_write(&self) -> bool {
-        matches!(self.buf, OpBuf::Write(_))
+        matches!(self.buf, OpBuf::Write(_) | OpBuf::WriteFua(_))
     }
     /// Bytes the op moves.
     pub fn bytes(&self) -> u64 {
@@ -60,7 +70,7 @@ impl<'a> Op<'a> {
     fn len(&self) -> usize {
         match &self.buf {
             OpBuf::Read(b) => b.len(),
-            OpBuf::Write(b) => b.len(),
+            OpBuf::Write(b) | OpBuf::WriteFua(b) => b.len(),
             OpBuf::Flush => 0,
         }
     }
@@ -103,6 +113,7 @@ fn sync_op(drive: &dyn Drive, op: &mut Op) -> io::Result<()> {
     match &mut op.buf {
         OpBuf::Read(b) => drive.read_at(b, op.offset),
         OpBuf::Write(b) => drive.write_at(b, op.offset),
+        OpBuf::WriteFua(b) => drive.write_fua_at(b, op.offset),
         OpBuf::Flush => drive.flush(),
     }
 }
@@ -115,7 +126,8 @@ pub fn execute(drives: &[Arc<dyn Drive>], ops: &mut [Op]) -> Vec<io::Result<()>>
     }
     let use_uring = !URING_BROKEN.load(Ordering::Relaxed)
         && ops.iter().all(|o| match o.buf {
-            OpBuf::Flush => drives[o.member].uring_flush(),
+            // Durability on the ring only where the drive lets the ring model it.
+            OpBuf::Flush | OpBuf::WriteFua(_) => drives[o.member].uring_flush(),
             _ => drives[o.member].uring_fd().is_some(),
         });
     if use_uring && ops.len() > 1 {
@@ -187,6 +199,10 @@ fn run_uring(
                     OpBuf::Write(b) => opcode::Write::new(fd, b.as_ptr(), b.len() as u32)
                         .offset(op.offset)
                         .build(),
+                    OpBuf::WriteFua(b) => opcode::Write::new(fd, b.as_ptr(), b.len() as u32)
+                        .offset(op.offset)
+                        .rw_flags(libc::RWF_DSYNC)
+                        .build(),
                     OpBuf::Flush => opcode::Fsync::new(fd)
                         .flags(types::FsyncFlags::DATASYNC)
                         .build(),
@@ -237,6 +253,7 @@ fn run_uring(
         results[i] = match &mut op.buf {
             OpBuf::Read(b) => drives[op.member].read_at(&mut b[done..], off),
             OpBuf::Write(b) => drives[op.member].write_at(&b[done..], off),
+            OpBuf::WriteFua(b) => drives[op.member].write_fua_at(&b[done..], off),
             OpBuf::Flush => drives[op.member].flush(),
         };
     }

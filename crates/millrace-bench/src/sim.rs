@@ -12,7 +12,8 @@
 //! A flush is the exception: it waits, on the calling thread, until everything the drive was
 //! given has completed and then its flush latency (default 50 µs, a drive with a volatile write
 //! cache draining it; `/flush=` sets it). So what a flush orders (a log made durable before the
-//! data goes in place) costs what it costs on a drive.
+//! data goes in place) costs what it costs on a drive. A FUA write waits, on the calling thread,
+//! for its own service and the flush latency, but not for writes booked after it.
 
 use std::cell::Cell;
 use std::io;
@@ -161,8 +162,12 @@ impl SimDrive {
         }
     }
 
+    fn service(&self, len: usize) -> Duration {
+        Duration::from_nanos((len as f64 * self.ns_per_byte) as u64).max(self.min_op)
+    }
+
     fn book(&self, len: usize) {
-        let service = Duration::from_nanos((len as f64 * self.ns_per_byte) as u64).max(self.min_op);
+        let service = self.service(len);
         let done = {
             let mut f = self.free_at.lock();
             let start = (*f).max(Instant::now());
@@ -197,11 +202,26 @@ impl Drive for SimDrive {
             *f = start + self.flush_latency;
             *f
         };
-        let now = Instant::now();
-        if done > now {
-            std::thread::sleep(done - now);
-        }
+        sleep_until(done);
         Ok(())
+    }
+    fn write_fua_at(&self, buf: &[u8], _offset: u64) -> io::Result<()> {
+        let service = self.service(buf.len());
+        let done = {
+            let mut f = self.free_at.lock();
+            let start = (*f).max(Instant::now());
+            *f = start + service;
+            *f + self.latency + self.flush_latency
+        };
+        sleep_until(done);
+        Ok(())
+    }
+}
+
+fn sleep_until(t: Instant) {
+    let now = Instant::now();
+    if t > now {
+        std::thread::sleep(t - now);
     }
 }
 

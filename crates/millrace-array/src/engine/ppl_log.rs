@@ -1,6 +1,6 @@
 //! Degraded parity writes through the partial-parity log (the format and the idea are in
 //! `crate::ppl`): the records of a request go to its stripes' parity members, made durable (one
-//! write and one flush each, together), then the data and parity go in place. Nothing serialises
+//! FUA write each, together), then the data and parity go in place. Nothing serialises
 //! requests on different stripes: each takes a free slot on each member it logs on.
 //!
 //! The rules that keep a record replayable:
@@ -169,7 +169,6 @@ impl Array {
             self.run(ops);
             return Ok(true);
         };
-        let holders: Vec<usize> = records.iter().map(|r| r.0).collect();
         let held: Vec<(usize, Vec<(u64, usize)>)> = records
             .iter()
             .map(|(m, es)| (*m, es.iter().map(|e| (e.row, e.group)).collect()))
@@ -192,23 +191,24 @@ impl Array {
             .slots
             .iter()
             .zip(&bufs)
-            .map(|(&(m, s), b)| Op::write(m, area.offset(s), b.as_ref().expect("checked")))
+            .map(|(&(m, s), b)| Op::write_fua(m, area.offset(s), b.as_ref().expect("checked")))
             .collect();
         let zero = crate::ppl::blank();
         lops.extend(
             claim
                 .blanks
                 .iter()
-                .map(|&(m, s)| Op::write(m, area.offset(s), &zero)),
+                .map(|&(m, s)| Op::write_fua(m, area.offset(s), &zero)),
         );
         let bytes: u64 = lops.iter().map(Op::bytes).sum();
         self.stats
             .log_records
             .fetch_add(lops.len() as u64, Ordering::Relaxed);
         self.stats.log_bytes.fetch_add(bytes, Ordering::Relaxed);
+        // FUA: each record is durable when its write completes, without waiting for the
+        // member's other writes (other stripes' data) to be flushed with it.
         self.run(&mut lops);
         drop(lops);
-        self.flush_members(&self.drives.load_full(), &holders);
         if self.out_of_service() != planned {
             // A holder failed: its record may not be durable. Nothing was written in place;
             // plan again for the members left (a record that did land only restates the old

@@ -27,8 +27,8 @@ const SECTOR: usize = 4096;
 /// The power and the process of one schedule, shared by its drives.
 pub struct Power {
     killed: AtomicBool,
-    /// Member flushes left before the kill (it happens in the flush that finds none left, which
-    /// then does nothing).
+    /// Member flushes (and FUA writes) left before the kill (it happens in the flush that finds
+    /// none left, which then does nothing).
     flushes_left: AtomicI64,
     drives: Mutex<Vec<Weak<CrashFile>>>,
     null: File,
@@ -177,6 +177,21 @@ impl Drive for CrashFile {
         }
         let mut d = self.durable.lock();
         self.side.read_exact_at(&mut d, 0)
+    }
+    /// Durable when it returns, and only this write: the drive's other writes since its last
+    /// flush stay as undurable as they were. A kill point, like a flush.
+    fn write_fua_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        if self.power.flushes_left.fetch_sub(1, Ordering::AcqRel) <= 1 {
+            self.power.kill();
+        }
+        let _g = self.gate.read();
+        if self.power.killed() {
+            return Ok(());
+        }
+        self.side.write_all_at(buf, offset)?;
+        let at = offset as usize;
+        self.durable.lock()[at..at + buf.len()].copy_from_slice(buf);
+        Ok(())
     }
     fn uring_fd(&self) -> Option<RawFd> {
         Some(self.io.as_raw_fd())
