@@ -71,6 +71,17 @@ pub struct FileDrive {
     file: File,
     size: u64,
     direct: bool,
+    /// A file in memory (tmpfs): its I/O on a core's ring runs inline (`millrace_io::inline`).
+    inline: bool,
+}
+
+impl Drop for FileDrive {
+    fn drop(&mut self) {
+        // Before the descriptor closes, so its number is never taken for a memory file again.
+        if self.inline {
+            millrace_io::inline::set(self.file.as_raw_fd(), false);
+        }
+    }
 }
 
 impl FileDrive {
@@ -143,11 +154,16 @@ impl FileDrive {
             }
             return Err(e);
         }
+        let inline = millrace_io::inline::in_memory(file.as_raw_fd());
+        if inline {
+            millrace_io::inline::set(file.as_raw_fd(), true);
+        }
         Ok(FileDrive {
             path: path.to_path_buf(),
             file,
             size,
             direct,
+            inline,
         })
     }
 

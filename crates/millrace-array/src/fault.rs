@@ -111,6 +111,22 @@ impl FaultyDrive {
         self.heal();
     }
 
+    /// A write may go ahead: the pending list, locked, or None if the process is already dead
+    /// (the write silently does nothing); an error where writes are failed there.
+    fn writable(
+        &self,
+        offset: u64,
+        len: usize,
+    ) -> io::Result<Option<parking_lot::MutexGuard<'_, Vec<Pending>>>> {
+        if hits(&self.faults.lock().fail_writes, offset, len) {
+            return Err(eio("write", &self.describe()));
+        }
+        if self.killed(true) {
+            return Ok(None);
+        }
+        Ok(Some(self.pending.lock()))
+    }
+
     pub fn snapshot(&self) -> Vec<u8> {
         self.inner.snapshot()
     }
@@ -156,13 +172,9 @@ impl Drive for FaultyDrive {
         Ok(())
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        if hits(&self.faults.lock().fail_writes, offset, buf.len()) {
-            return Err(eio("write", &self.describe()));
-        }
-        if self.killed(true) {
+        let Some(mut pending) = self.writable(offset, buf.len())? else {
             return Ok(());
-        }
-        let mut pending = self.pending.lock();
+        };
         let mut old = vec![0u8; buf.len()];
         self.inner.read_at(&mut old, offset)?;
         self.inner.write_at(buf, offset)?;
@@ -189,13 +201,9 @@ impl Drive for FaultyDrive {
     /// where this one covers them (a power cut puts back this write's bytes there, never older
     /// ones).
     fn write_fua_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        if hits(&self.faults.lock().fail_writes, offset, buf.len()) {
-            return Err(eio("write", &self.describe()));
-        }
-        if self.killed(true) {
+        let Some(mut pending) = self.writable(offset, buf.len())? else {
             return Ok(());
-        }
-        let mut pending = self.pending.lock();
+        };
         self.inner.write_at(buf, offset)?;
         let end = offset + buf.len() as u64;
         for p in pending.iter_mut() {

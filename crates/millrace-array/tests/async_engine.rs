@@ -189,9 +189,7 @@ fn run(
         whole[0].as_deref() == Some(&model[..]),
         "whole-pool read differs from the model"
     );
-    let entries: u64 = (0..2)
-        .map(|i| cores.ring_stats(i).entries.load(Ordering::Relaxed))
-        .sum();
+    let entries: u64 = member_ops(&cores);
     drop(cores);
     prop_assert_eq!(pool.usage().in_use_bytes, 0, "every buffer came back");
     if failed.is_empty() {
@@ -265,9 +263,7 @@ fn concurrent_partial_writes_filling_stripes_keep_parity_right() {
             })
             .collect();
         run_round(&cores, &pool, &rig.array, &ops);
-        let entries: u64 = (0..2)
-            .map(|i| cores.ring_stats(i).entries.load(Ordering::Relaxed))
-            .sum();
+        let entries: u64 = member_ops(&cores);
         // At least one member write per request: writes in flight to one stripe may be merged
         // into full-stripe writes (no reads), see tests/merge.rs.
         assert!(
@@ -285,4 +281,15 @@ fn concurrent_partial_writes_filling_stripes_keep_parity_right() {
         let rep = rig.array.scrub_row(3, false).unwrap();
         assert_eq!(rep.mismatches, 0, "{level}: scrub finds a mismatch");
     }
+}
+
+/// Member operations the cores ran: entries on their rings, plus those on drive files in memory
+/// (a tmpfs TMPDIR) that a core runs inline instead.
+fn member_ops(cores: &Cores) -> u64 {
+    (0..2)
+        .map(|i| {
+            let st = cores.ring_stats(i);
+            st.entries.load(Ordering::Relaxed) + st.inline.load(Ordering::Relaxed)
+        })
+        .sum()
 }

@@ -22,6 +22,7 @@ pub mod admission;
 mod buddy;
 pub mod buf;
 pub mod cores;
+pub mod inline;
 pub mod pool;
 mod region;
 pub mod ring;

@@ -19,7 +19,8 @@
 //! each result in its batch and wakes the batch's task once, when its last entry completes.
 //!
 //! Where no ring runs (the CLI, tests, bench and maintenance threads), a batch runs synchronously
-//! on the calling thread with pread/pwrite/fdatasync, so the same API works everywhere.
+//! on the calling thread with pread/pwrite/fdatasync, so the same API works everywhere; so does a
+//! batch whose files all live in memory (`crate::inline`).
 
 use std::cell::{RefCell, UnsafeCell};
 use std::future::Future;
@@ -230,6 +231,9 @@ impl Future for BatchFuture {
             if ops.is_empty() {
                 return Poll::Ready(Vec::new());
             }
+            if run_inline(&ops, &self.state) {
+                return Poll::Ready(self.results());
+            }
             self.state.waker.register(cx.waker());
             if let Err(ops) = submit(ops, &self.state) {
                 for (i, op) in ops.into_iter().enumerate() {
@@ -327,6 +331,8 @@ pub struct RingStats {
     pub entries: AtomicU64,
     pub submits: AtomicU64,
     pub reaps: AtomicU64,
+    /// Operations on files in memory that this core ran inline instead (`crate::inline`).
+    pub inline: AtomicU64,
 }
 
 pub(crate) struct Ring {
@@ -349,6 +355,28 @@ thread_local! {
 /// Whether this thread runs a ring (a core of [`crate::Cores`]).
 pub fn on_ring() -> bool {
     RING.with(|r| r.borrow().is_some())
+}
+
+/// On a core, a batch whose files all live in memory runs here and now: the copy inline costs
+/// less than io_uring's worker hand-off (`crate::inline`). Whether it ran.
+fn run_inline(ops: &[MemberOp], state: &BatchState) -> bool {
+    if !ops.iter().all(|o| crate::inline::is_set(o.fd)) {
+        return false;
+    }
+    let counted = RING.with(|cell| {
+        cell.borrow().as_ref().map(|r| {
+            r.stats
+                .inline
+                .fetch_add(ops.len() as u64, Ordering::Relaxed)
+        })
+    });
+    if counted.is_none() {
+        return false;
+    }
+    for (i, op) in ops.iter().enumerate() {
+        state.results[i].store(run_sync(op), Ordering::Release);
+    }
+    true
 }
 
 fn submit(ops: Vec<MemberOp>, state: &Arc<BatchState>) -> Result<(), Vec<MemberOp>> {
