@@ -203,48 +203,7 @@ impl Drive for FileDrive {
     /// RWF_DSYNC: the kernel sends an O_DIRECT write to an NVMe drive as a FUA write, and
     /// syncs just this range of a buffered file.
     fn write_fua_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        let mut done = 0usize;
-        while done < buf.len() {
-            let rest = &buf[done..];
-            let iov = libc::iovec {
-                iov_base: rest.as_ptr() as *mut libc::c_void,
-                iov_len: rest.len(),
-            };
-            let Ok(off) = libc::off_t::try_from(offset + done as u64) else {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("the offset {offset} does not fit a file offset"),
-                ));
-            };
-            // SAFETY: `iov` points into `buf`, which outlives the call; the fd is ours.
-            let n = unsafe { libc::pwritev2(self.file.as_raw_fd(), &iov, 1, off, libc::RWF_DSYNC) };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                match e.raw_os_error() {
-                    Some(libc::EINTR) => continue,
-                    // A kernel without pwritev2 flags: the plain pair does the same.
-                    Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL)
-                        if done == 0 =>
-                    {
-                        self.file.write_all_at(buf, offset)?;
-                        return self.file.sync_data();
-                    }
-                    _ => return Err(e),
-                }
-            }
-            if n == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::WriteZero,
-                    format!(
-                        "{} took no bytes at {}",
-                        self.path.display(),
-                        offset + done as u64
-                    ),
-                ));
-            }
-            done += n as usize;
-        }
-        Ok(())
+        millrace_io::ring::write_all_durable(self.file.as_raw_fd(), buf, offset)
     }
     fn uring_fd(&self) -> Option<RawFd> {
         Some(self.file.as_raw_fd())

@@ -162,18 +162,18 @@ impl SimDrive {
         }
     }
 
-    fn service(&self, len: usize) -> Duration {
-        Duration::from_nanos((len as f64 * self.ns_per_byte) as u64).max(self.min_op)
+    /// Takes the drive for an I/O of `len` bytes after what it was already given; returns when
+    /// the I/O completes.
+    fn reserve(&self, len: usize) -> Instant {
+        let service = Duration::from_nanos((len as f64 * self.ns_per_byte) as u64).max(self.min_op);
+        let mut f = self.free_at.lock();
+        let start = (*f).max(Instant::now());
+        *f = start + service;
+        *f + self.latency
     }
 
     fn book(&self, len: usize) {
-        let service = self.service(len);
-        let done = {
-            let mut f = self.free_at.lock();
-            let start = (*f).max(Instant::now());
-            *f = start + service;
-            *f + self.latency
-        };
+        let done = self.reserve(len);
         DEADLINE.with(|d| d.set(Some(d.get().map_or(done, |x| x.max(done)))));
         let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
         *last = Some(last.map_or(done, |x| x.max(done)));
@@ -206,14 +206,7 @@ impl Drive for SimDrive {
         Ok(())
     }
     fn write_fua_at(&self, buf: &[u8], _offset: u64) -> io::Result<()> {
-        let service = self.service(buf.len());
-        let done = {
-            let mut f = self.free_at.lock();
-            let start = (*f).max(Instant::now());
-            *f = start + service;
-            *f + self.latency + self.flush_latency
-        };
-        sleep_until(done);
+        sleep_until(self.reserve(buf.len()) + self.flush_latency);
         Ok(())
     }
 }

@@ -278,12 +278,37 @@ fn run_sync(op: &MemberOp) -> i64 {
     }
 }
 
+/// Writes all of `buf` to `fd` at `offset`, durable when it returns (RWF_DSYNC: FUA on an NVMe
+/// drive under O_DIRECT), retried over short transfers and EINTR: what a ring FUA write does,
+/// for callers off the ring.
+pub fn write_all_durable(fd: RawFd, buf: &[u8], offset: u64) -> io::Result<()> {
+    // pwritev2 only reads through the pointer; `sync_rw` takes *mut for its reads too.
+    let n = sync_rw(
+        fd,
+        buf.as_ptr().cast_mut(),
+        buf.len(),
+        offset,
+        OpKind::Write { fua: true },
+    );
+    if n < 0 {
+        return Err(io::Error::from_raw_os_error(-n as i32));
+    }
+    if (n as usize) < buf.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            format!("only {n} of {} bytes written at {offset}", buf.len()),
+        ));
+    }
+    Ok(())
+}
+
 /// A whole pread/pwrite, retried over short transfers and EINTR; a transfer the file cannot
 /// complete (past its end) reports the bytes it moved, which callers check, as with the ring.
 fn sync_rw(fd: RawFd, p: *mut u8, len: usize, offset: u64, kind: OpKind) -> i64 {
     let mut done = 0usize;
     while done < len {
-        // SAFETY: p..p+len is valid (see run_sync).
+        // SAFETY: p..p+len is valid: a batch op's checked range (run_sync) or a caller's slice
+        // (write_all_durable, which only writes from it).
         let r = unsafe {
             let at = p.add(done);
             let off = (offset + done as u64) as libc::off_t;

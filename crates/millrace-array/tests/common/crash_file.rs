@@ -60,6 +60,13 @@ impl Power {
         self.flushes_left.store(n, Ordering::Release);
     }
 
+    /// A flush or a FUA write: the process dies here if this is the kill point.
+    fn kill_point(&self) {
+        if self.flushes_left.fetch_sub(1, Ordering::AcqRel) <= 1 {
+            self.kill();
+        }
+    }
+
     /// Calls `f` at the kill.
     pub fn on_kill(&self, f: impl FnOnce() + Send + 'static) {
         *self.on_kill.lock() = Some(Box::new(f));
@@ -168,9 +175,7 @@ impl Drive for CrashFile {
         self.side.write_all_at(buf, offset)
     }
     fn flush(&self) -> io::Result<()> {
-        if self.power.flushes_left.fetch_sub(1, Ordering::AcqRel) <= 1 {
-            self.power.kill();
-        }
+        self.power.kill_point();
         let _g = self.gate.write();
         if self.power.killed() {
             return Ok(());
@@ -181,9 +186,7 @@ impl Drive for CrashFile {
     /// Durable when it returns, and only this write: the drive's other writes since its last
     /// flush stay as undurable as they were. A kill point, like a flush.
     fn write_fua_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        if self.power.flushes_left.fetch_sub(1, Ordering::AcqRel) <= 1 {
-            self.power.kill();
-        }
+        self.power.kill_point();
         let _g = self.gate.read();
         if self.power.killed() {
             return Ok(());

@@ -434,3 +434,12 @@ pub fn unix_server(server: &NbdServer, dir: &std::path::Path) -> std::path::Path
     tokio::spawn(async move { s.serve_unix(l).await });
     path
 }
+
+/// Waits, at most 10 s, until the server has seen every connection close (it sees a close in
+/// its own time); the caller asserts the count.
+pub async fn wait_all_closed(server: &NbdServer) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while server.stats().connections_open != 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
