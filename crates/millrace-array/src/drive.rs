@@ -73,6 +73,8 @@ pub struct FileDrive {
     direct: bool,
     /// A file in memory (tmpfs): its I/O on a core's ring runs inline (`millrace_io::inline`).
     inline: bool,
+    /// Such a file mapped, so the inline I/O is a copy (`millrace_io::mapped`).
+    mapping: Option<millrace_io::mapped::Mapping>,
 }
 
 impl Drop for FileDrive {
@@ -81,6 +83,7 @@ impl Drop for FileDrive {
         if self.inline {
             millrace_io::inline::set(self.file.as_raw_fd(), false);
         }
+        self.mapping = None;
     }
 }
 
@@ -158,17 +161,25 @@ impl FileDrive {
         if inline {
             millrace_io::inline::set(file.as_raw_fd(), true);
         }
+        let mapping = inline
+            .then(|| millrace_io::mapped::map(file.as_raw_fd(), size))
+            .flatten();
         Ok(FileDrive {
             path: path.to_path_buf(),
             file,
             size,
             direct,
             inline,
+            mapping,
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    fn fd(&self) -> RawFd {
+        self.file.as_raw_fd()
     }
 
     /// (device, inode): two paths naming the same drive have the same identity.
@@ -192,18 +203,28 @@ impl Drive for FileDrive {
         self.size
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if self.mapping.is_some() && millrace_io::mapped::read_into(self.fd(), offset, buf) {
+            return Ok(());
+        }
         self.file.read_exact_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        if self.mapping.is_some() && millrace_io::mapped::write_from(self.fd(), offset, buf) {
+            return Ok(());
+        }
         self.file.write_all_at(buf, offset)
     }
     fn flush(&self) -> io::Result<()> {
         self.file.sync_data()
     }
     /// RWF_DSYNC: the kernel sends an O_DIRECT write to an NVMe drive as a FUA write, and
-    /// syncs just this range of a buffered file.
+    /// syncs just this range of a buffered file. A file in memory has nothing to sync: its
+    /// write through the mapping is as durable as its pwrite would be.
     fn write_fua_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        millrace_io::ring::write_all_durable(self.file.as_raw_fd(), buf, offset)
+        if self.mapping.is_some() && millrace_io::mapped::write_from(self.fd(), offset, buf) {
+            return Ok(());
+        }
+        millrace_io::ring::write_all_durable(self.fd(), buf, offset)
     }
     fn uring_fd(&self) -> Option<RawFd> {
         Some(self.file.as_raw_fd())
@@ -228,6 +249,9 @@ impl Drive for FileDrive {
             ));
         };
         let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        if let Some(m) = &self.mapping {
+            m.punching_hole(offset, len);
+        }
         // SAFETY: fallocate on a descriptor this drive owns; no memory is passed.
         if unsafe { libc::fallocate(self.file.as_raw_fd(), mode, off, n) } == 0 {
             return Ok(());

@@ -14,7 +14,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Descriptors above this are never inline (their I/O goes to the ring as usual).
-const MAX_FD: usize = 1 << 16;
+pub(crate) const MAX_FD: usize = 1 << 16;
 static BITS: [AtomicU64; MAX_FD / 64] = [const { AtomicU64::new(0) }; MAX_FD / 64];
 
 fn slot(fd: RawFd) -> Option<(usize, u64)> {

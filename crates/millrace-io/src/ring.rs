@@ -358,6 +358,8 @@ pub struct RingStats {
     pub reaps: AtomicU64,
     /// Operations on files in memory that this core ran inline instead (`crate::inline`).
     pub inline: AtomicU64,
+    /// Of those, the ones that were a copy through the file's mapping (`crate::mapped`).
+    pub mapped: AtomicU64,
 }
 
 pub(crate) struct Ring {
@@ -398,10 +400,41 @@ fn run_inline(ops: &[MemberOp], state: &BatchState) -> bool {
     if counted.is_none() {
         return false;
     }
+    let mut mapped = 0;
     for (i, op) in ops.iter().enumerate() {
-        state.results[i].store(run_sync(op), Ordering::Release);
+        let r = match run_mapped(op) {
+            Some(r) => {
+                mapped += 1;
+                r
+            }
+            None => run_sync(op),
+        };
+        state.results[i].store(r, Ordering::Release);
+    }
+    if mapped > 0 {
+        RING.with(|cell| {
+            if let Some(r) = cell.borrow().as_ref() {
+                r.stats.mapped.fetch_add(mapped, Ordering::Relaxed);
+            }
+        });
     }
     true
+}
+
+/// A read or write of a mapped file in memory as one copy (`crate::mapped`); None: run it by
+/// pread/pwrite.
+fn run_mapped(op: &MemberOp) -> Option<i64> {
+    let (b, r) = op.buf.as_ref()?;
+    let read = match op.kind {
+        OpKind::Read => true,
+        // A FUA write of a file in memory is durable once copied, as its pwrite would be.
+        OpKind::Write { .. } => false,
+        OpKind::Fsync => return None,
+    };
+    let (p, _) = b.raw();
+    // SAFETY: the range was checked against the buffer, which this op keeps alive, and nothing
+    // else touches it while the batch runs.
+    unsafe { crate::mapped::copy(op.fd, op.offset, p.add(r.start), r.end - r.start, read) }
 }
 
 fn submit(ops: Vec<MemberOp>, state: &Arc<BatchState>) -> Result<(), Vec<MemberOp>> {

@@ -147,7 +147,18 @@ impl Session {
 
     /// A command arrived: counted, and the controller's keep-alive timer restarts.
     pub fn received(&self) {
+        self.counted();
+        self.alive();
+    }
+
+    /// A command arrived: counted. A transport that restarts the keep-alive timer per read
+    /// from its socket ([`Session::alive`]) calls this per command instead of `received`.
+    pub fn counted(&self) {
         self.t.counters.commands.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The host sent something: the controller's keep-alive timer restarts.
+    pub fn alive(&self) {
         if let Some(q) = &self.q {
             q.ctrl.touch(&self.t);
         }

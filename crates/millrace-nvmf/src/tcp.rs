@@ -118,6 +118,9 @@ struct Conn {
     r2t_waiting: Arc<AtomicUsize>,
     sqhd: Arc<AtomicU16>,
     closing: bool,
+    /// The PDU being read is all in the read buffer: reading it cannot wait, so it needs no
+    /// timer (arming one per PDU cost a clock read and a timer-wheel entry per command).
+    whole: bool,
     /// Before this the queue must be connected (ICReq and Connect), or it is closed.
     handshake_deadline: Instant,
 }
@@ -209,6 +212,7 @@ pub(crate) async fn serve_connection(
         r2t_waiting: Arc::new(AtomicUsize::new(0)),
         sqhd,
         closing: false,
+        whole: false,
         handshake_deadline,
     };
     let stop = c.run().await;
@@ -220,6 +224,19 @@ pub(crate) async fn serve_connection(
     }
     drop(c);
     let _ = writer.await;
+}
+
+/// Whether `buffered` begins with a whole PDU (its common header's PDU length, header, data and
+/// digests included, is all there).
+fn whole_pdu(buffered: &[u8]) -> bool {
+    buffered.len() >= pdu::CH_LEN
+        && buffered.len() as u64
+            >= u64::from(u32::from_le_bytes([
+                buffered[4],
+                buffered[5],
+                buffered[6],
+                buffered[7],
+            ]))
 }
 
 /// Completes an admin queue's parked commands from any task: the in-flight count drops before
@@ -274,8 +291,19 @@ const IOV_MAX: usize = 64;
 
 impl Gather {
     fn push_bytes(&mut self, b: &[u8]) {
+        self.push_with(|out| out.extend_from_slice(b));
+    }
+
+    /// Queues the bytes `put` appends to the batch's byte buffer.
+    fn push_with(&mut self, put: impl FnOnce(&mut Vec<u8>)) {
         let start = self.bytes.len();
-        self.bytes.extend_from_slice(b);
+        put(&mut self.bytes);
+        self.queued_from(start);
+    }
+
+    /// Queues the byte buffer's bytes from `start` on (appended since), as one slice with the
+    /// bytes queued just before them.
+    fn queued_from(&mut self, start: usize) {
         match self.parts.last_mut() {
             Some(Part::Bytes(_, end)) if *end == start => *end = self.bytes.len(),
             _ => self.parts.push(Part::Bytes(start, self.bytes.len())),
@@ -307,9 +335,17 @@ impl Gather {
                 success: false,
             };
             let chunk = &self.bufs[i][off..off + n];
-            let head = pdu::encode_head(&Head::C2HData(h), chunk, f.hdgst, f.ddgst, f.align);
             let dg = f.ddgst.then(|| pdu::digest(chunk).to_le_bytes());
-            self.push_bytes(&head);
+            let start = self.bytes.len();
+            pdu::encode_head_into(
+                &mut self.bytes,
+                &Head::C2HData(h),
+                chunk,
+                f.hdgst,
+                f.ddgst,
+                f.align,
+            );
+            self.queued_from(start);
             self.parts.push(Part::Buf(i, off, off + n));
             if let Some(d) = dg {
                 self.push_bytes(&d);
@@ -382,16 +418,19 @@ async fn writer(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Out>, f: Fmt, sqh
         };
         let resp = |mut c: Cqe| {
             c.sqhd = sqhd.load(Ordering::Relaxed);
-            encode(&Head::Resp(c), &[], f.hdgst, f.ddgst, f.align)
+            let h = Head::Resp(c);
+            move |out: &mut Vec<u8>| pdu::encode_head_into(out, &h, &[], f.hdgst, f.ddgst, f.align)
         };
         match msg {
-            Out::Resp(c) => g.push_bytes(&resp(c)),
+            Out::Resp(c) => g.push_with(resp(c)),
             Out::Data { cqe, data, held } => {
                 g.push_data(&cqe, data, &f);
                 g.held.extend(held);
-                g.push_bytes(&resp(cqe));
+                g.push_with(resp(cqe));
             }
-            Out::R2t(r) => g.push_bytes(&encode(&Head::R2t(r), &[], f.hdgst, f.ddgst, f.align)),
+            Out::R2t(r) => g.push_with(|out| {
+                pdu::encode_head_into(out, &Head::R2t(r), &[], f.hdgst, f.ddgst, f.align)
+            }),
             Out::Term { fes, fei, hdr } => {
                 g.push_bytes(&term(fes, fei, &hdr));
                 break;
@@ -412,16 +451,27 @@ impl Conn {
             if self.closing {
                 return Stop::Quiet;
             }
+            let reads = self.rd.buffer().is_empty();
             let dead = self.session.closing();
             tokio::select! {
                 _ = dead.cancelled() => return Stop::Quiet,
                 r = self.next_pdu_begins() => if let Err(s) = r { return s },
             };
-            let r = tokio::time::timeout(
-                self.t.cfg.pdu_timeout,
-                read_head(&mut self.rd, Side::Controller, &self.neg),
-            );
-            let (head, f, raw) = match r.await {
+            self.whole = whole_pdu(self.rd.buffer());
+            // A read from the socket (for this PDU's first bytes or for its rest) restarts the
+            // keep-alive timer: once per read, not per command (the clock costs more than the
+            // count). Under a steady stream every read ends inside a PDU, so it is never missed.
+            if reads || !self.whole {
+                self.session.alive();
+            }
+            let r = match self.whole {
+                true => Ok(read_head(&mut self.rd, Side::Controller, &self.neg).await),
+                false => {
+                    let r = read_head(&mut self.rd, Side::Controller, &self.neg);
+                    tokio::time::timeout(self.t.cfg.pdu_timeout, r).await
+                }
+            };
+            let (head, f, raw) = match r {
                 Ok(Ok(x)) => x,
                 Ok(Err(ReadError::Io(_))) => return Stop::Quiet,
                 Ok(Err(ReadError::Pdu(e))) => return Stop::Fatal(e, Vec::new()),
@@ -463,6 +513,9 @@ impl Conn {
 
     /// Reads a PDU's data, which must follow its header within the PDU timeout.
     async fn data(&mut self, f: &Frame, dst: &mut [u8]) -> Result<bool, Stop> {
+        if self.whole {
+            return Ok(read_data(&mut self.rd, f, dst).await?);
+        }
         match tokio::time::timeout(self.t.cfg.pdu_timeout, read_data(&mut self.rd, f, dst)).await {
             Ok(r) => Ok(r?),
             Err(_) => Err(self.timed_out("a PDU's data")),
@@ -485,7 +538,7 @@ impl Conn {
     }
 
     async fn capsule(&mut self, sqe: Sqe, f: &Frame, raw: Vec<u8>) -> Result<(), Stop> {
-        self.session.received();
+        self.session.counted();
         let limit = self.in_capsule_limit();
         if f.data_len > limit {
             return Err(Stop::Fatal(PduError::TooLarge(f.data_len as u64), raw));

@@ -73,17 +73,54 @@ pub fn rig(level: Level, n: usize, group: Option<usize>, strip: usize, rows: usi
 
 /// A rig on drive files in a temporary directory (io_uring can reach them).
 pub fn file_rig(level: Level, n: usize, group: Option<usize>, strip: usize, rows: usize) -> Rig {
+    file_rig_in(
+        tempfile::tempdir().unwrap(),
+        false,
+        level,
+        n,
+        group,
+        strip,
+        rows,
+    )
+}
+
+/// A rig on drive files in memory (/dev/shm, tmpfs), whose I/O the cores run inline through
+/// the files' mappings; None where this machine has no /dev/shm.
+pub fn memory_rig(
+    level: Level,
+    n: usize,
+    group: Option<usize>,
+    strip: usize,
+    rows: usize,
+) -> Option<Rig> {
+    let dir = tempfile::tempdir_in("/dev/shm").ok()?;
+    Some(file_rig_in(dir, true, level, n, group, strip, rows))
+}
+
+fn file_rig_in(
+    dir: tempfile::TempDir,
+    allocate: bool,
+    level: Level,
+    n: usize,
+    group: Option<usize>,
+    strip: usize,
+    rows: usize,
+) -> Rig {
     let data_offset = 8192;
     let size = data_offset + strip * rows;
-    let dir = tempfile::tempdir().unwrap();
     let files: Vec<std::path::PathBuf> = (0..n).map(|i| dir.path().join(format!("d{i}"))).collect();
     let drives: Vec<Arc<dyn Drive>> = files
         .iter()
         .map(|p| {
-            std::fs::File::create(p)
-                .unwrap()
-                .set_len(size as u64)
-                .unwrap();
+            if allocate {
+                // Written, not sparse: reads go through the mapping only where no hole is.
+                std::fs::write(p, vec![0u8; size]).unwrap();
+            } else {
+                std::fs::File::create(p)
+                    .unwrap()
+                    .set_len(size as u64)
+                    .unwrap();
+            }
             Arc::new(millrace_array::drive::FileDrive::open(p).unwrap()) as Arc<dyn Drive>
         })
         .collect();

@@ -53,6 +53,20 @@ pub fn decode(buf: &[u8], side: Side, neg: &Negotiated) -> Result<Option<(Pdu, u
 /// `align`: the receiver's data alignment in bytes (1 when it asked for none).
 pub fn encode_head(head: &Head, data: &[u8], hdgst: bool, ddgst: bool, align: usize) -> Vec<u8> {
     let mut h = Vec::with_capacity(IC_LEN + DIGEST_LEN + align);
+    encode_head_into(&mut h, head, data, hdgst, ddgst, align);
+    h
+}
+
+/// [`encode_head`], appended to `out` (a sender's batch: no allocation per PDU).
+pub fn encode_head_into(
+    out: &mut Vec<u8>,
+    head: &Head,
+    data: &[u8],
+    hdgst: bool,
+    ddgst: bool,
+    align: usize,
+) {
+    let base = out.len();
     let (t, mut fl) = head.type_and_flags();
     let ic_or_term = matches!(
         head,
@@ -67,9 +81,9 @@ pub fn encode_head(head: &Head, data: &[u8], hdgst: bool, ddgst: bool, align: us
         fl |= flags::DDGST;
     }
     let hlen = expected_hlen(t).expect("known type");
-    h.extend_from_slice(&[t, fl, hlen as u8, 0, 0, 0, 0, 0]);
-    head.put_fields(&mut h);
-    h.resize(hlen, 0);
+    out.extend_from_slice(&[t, fl, hlen as u8, 0, 0, 0, 0, 0]);
+    head.put_fields(out);
+    out.resize(base + hlen, 0);
     let head_total = hlen + if hdgst { DIGEST_LEN } else { 0 };
     let align = align.max(1);
     // Termination requests carry their data right after the header, with PDO reserved.
@@ -80,14 +94,13 @@ pub fn encode_head(head: &Head, data: &[u8], hdgst: bool, ddgst: bool, align: us
         (p, p)
     };
     let plen = data_at + data.len() + if ddgst { DIGEST_LEN } else { 0 };
-    h[3] = pdo as u8;
-    h[4..8].copy_from_slice(&(plen as u32).to_le_bytes());
+    out[base + 3] = pdo as u8;
+    out[base + 4..base + 8].copy_from_slice(&(plen as u32).to_le_bytes());
     if hdgst {
-        let d = digest(&h);
-        h.extend_from_slice(&d.to_le_bytes());
+        let d = digest(&out[base..]);
+        out.extend_from_slice(&d.to_le_bytes());
     }
-    h.resize(data_at, 0);
-    h
+    out.resize(base + data_at, 0);
 }
 
 /// A whole PDU as bytes: header (+digest, padding), data, data digest.

@@ -1,0 +1,445 @@
+//! Drive files in memory (tmpfs, ramfs) mapped into the process, so that a core's inline I/O on
+//! them is one memcpy instead of a pread or pwrite.
+//!
+//! Why: even inline (`crate::inline`), a 4 KiB pread of a tmpfs file costs a system call, a
+//! page-cache lookup per page and LRU bookkeeping around the copy: 27% of the core in the 4K
+//! NVMe/TCP rows of docs/PERFORMANCE.md, of which the copy itself is 7%. Through a mapping the
+//! copy is all that is left (SPDK's malloc bdev copies the same way).
+//!
+//! Faults are not crashes. A mapped file that shrank under us (another process truncated the
+//! drive file), or a tmpfs that is full when a never-written page is first touched, raises
+//! SIGBUS where pread would have returned short or pwrite ENOSPC. A handler of SIGBUS finds
+//! the fault in one of these mappings, marks the mapping broken, puts an anonymous page where
+//! the faulting one was so the copy can finish, and returns; the copy then reports that it did
+//! not happen, and the operation runs again with pread/pwrite, which give the error (or the
+//! zeroes of a hole) the drive file really has. A broken mapping is never used again. A fault
+//! anywhere else goes to the handler that was there before (Rust's own, or the default).
+//!
+//! Written by hand because no maintained crate turns a fault in a file mapping into an error:
+//! memmap2 maps, and leaves SIGBUS to kill the process.
+//!
+//! Holes stay holes: reading a hole of a tmpfs file through a mapping would allocate its page,
+//! so only ranges known to hold no hole are read through it (`crate::filled`); others go by
+//! pread.
+
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+use crate::filled::Filled;
+use crate::inline::MAX_FD;
+
+/// Mappings at once (a drive file each).
+const SLOTS: usize = 1024;
+
+struct Slot {
+    used: AtomicBool,
+    base: AtomicUsize,
+    len: AtomicUsize,
+    broken: AtomicBool,
+    /// Which chunks hold no hole (a `Filled` owned by the `Mapping`, null when unused).
+    filled: AtomicPtr<Filled>,
+}
+
+static TABLE: [Slot; SLOTS] = [const {
+    Slot {
+        used: AtomicBool::new(false),
+        base: AtomicUsize::new(0),
+        len: AtomicUsize::new(0),
+        broken: AtomicBool::new(false),
+        filled: AtomicPtr::new(std::ptr::null_mut()),
+    }
+}; SLOTS];
+
+/// Whether the first `len` bytes of `fd` are all allocated (no holes).
+fn filled(fd: RawFd, len: usize) -> bool {
+    // SAFETY: fstat writes only into `st`, a zeroed struct of the right type.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return false;
+    }
+    u64::try_from(st.st_blocks).is_ok_and(|b| b.saturating_mul(512) >= len as u64)
+}
+
+/// Slot index + 1 of the mapping of each descriptor; 0: none.
+static SLOT_OF: [AtomicU16; MAX_FD] = [const { AtomicU16::new(0) }; MAX_FD];
+
+/// The system's page size and the SIGBUS action found before ours, once ours is in place.
+struct Handler {
+    page: usize,
+    previous: libc::sigaction,
+}
+
+// SAFETY: `previous` is plain data (a handler address, flags and a mask) only read.
+unsafe impl Sync for Handler {}
+unsafe impl Send for Handler {}
+
+static HANDLER: OnceLock<Option<Handler>> = OnceLock::new();
+
+/// A drive file mapped for inline I/O; unmapped (and forgotten) when dropped. Drop it before
+/// the descriptor closes, so its number is never taken for this mapping again.
+pub struct Mapping {
+    fd: RawFd,
+    slot: usize,
+    base: usize,
+    len: usize,
+}
+
+impl std::fmt::Debug for Mapping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mapping")
+            .field("fd", &self.fd)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+fn fd_index(fd: RawFd) -> Option<usize> {
+    usize::try_from(fd).ok().filter(|&i| i < MAX_FD)
+}
+
+/// Maps `len` bytes of `fd` (a file in memory, open for reading and writing) for inline I/O.
+/// None where it cannot be (the descriptor number is too high, no slot is free, the SIGBUS
+/// handler could not be installed, mmap refused, or `MILLRACE_MAP_MEMORY_FILES=0`): the file's
+/// I/O then runs with pread/pwrite as before.
+pub fn map(fd: RawFd, len: u64) -> Option<Mapping> {
+    static OFF: OnceLock<bool> = OnceLock::new();
+    if *OFF.get_or_init(|| std::env::var("MILLRACE_MAP_MEMORY_FILES").is_ok_and(|v| v == "0")) {
+        return None;
+    }
+    let i = fd_index(fd)?;
+    let len = usize::try_from(len).ok().filter(|&l| l > 0)?;
+    HANDLER.get_or_init(install).as_ref()?;
+    // SAFETY: a new shared mapping of a file we hold open; nothing else is at that address.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return None;
+    }
+    let base = p as usize;
+    let Some(slot) = TABLE.iter().position(|s| {
+        s.used
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }) else {
+        // SAFETY: unmaps what was mapped just above and never published.
+        unsafe { libc::munmap(p, len) };
+        return None;
+    };
+    let s = &TABLE[slot];
+    s.broken.store(false, Ordering::SeqCst);
+    let known = Box::new(Filled::new(len as u64, filled(fd, len)));
+    s.filled.store(Box::into_raw(known), Ordering::SeqCst);
+    s.len.store(len, Ordering::SeqCst);
+    s.base.store(base, Ordering::SeqCst);
+    SLOT_OF[i].store(slot as u16 + 1, Ordering::Release);
+    Some(Mapping {
+        fd,
+        slot,
+        base,
+        len,
+    })
+}
+
+impl Mapping {
+    /// Call before punching a hole in `offset..offset+len` of the file: reads there go by
+    /// pread until it is known filled again. (A read through the mapping racing with the punch
+    /// can still allocate a page of the hole: memory, never wrong data, since a hole reads as
+    /// zeroes either way.)
+    pub fn punching_hole(&self, offset: u64, len: u64) {
+        let f = TABLE[self.slot].filled.load(Ordering::Acquire);
+        // SAFETY: set in `map` and freed only in this mapping's drop.
+        if let Some(f) = unsafe { f.as_ref() } {
+            f.punching(offset, len);
+        }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        if let Some(i) = fd_index(self.fd) {
+            SLOT_OF[i].store(0, Ordering::Release);
+        }
+        let s = &TABLE[self.slot];
+        s.base.store(0, Ordering::SeqCst);
+        s.len.store(0, Ordering::SeqCst);
+        let f = s.filled.swap(std::ptr::null_mut(), Ordering::SeqCst);
+        if !f.is_null() {
+            // SAFETY: made by Box::into_raw in `map`, unpublished just above.
+            drop(unsafe { Box::from_raw(f) });
+        }
+        // SAFETY: our own mapping, no longer published; the drive that owns it runs no I/O
+        // once it is being dropped.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+        s.used.store(false, Ordering::Release);
+    }
+}
+
+/// Copies `len` bytes between the mapping of `fd` at `offset` and `buf` (into `buf` for a
+/// read). Some(len) when done; None when the operation must run by pread/pwrite instead: no
+/// mapping, a range past it, or a fault during (or before) the copy.
+///
+/// # Safety
+/// `buf..buf+len` is valid for the copy's direction and nothing else touches it meanwhile.
+pub(crate) unsafe fn copy(
+    fd: RawFd,
+    offset: u64,
+    buf: *mut u8,
+    len: usize,
+    read: bool,
+) -> Option<i64> {
+    let i = fd_index(fd)?;
+    let slot = SLOT_OF[i].load(Ordering::Acquire).checked_sub(1)? as usize;
+    let s = &TABLE[slot];
+    if s.broken.load(Ordering::SeqCst) {
+        return None;
+    }
+    let (base, maplen) = (
+        s.base.load(Ordering::Acquire),
+        s.len.load(Ordering::Acquire),
+    );
+    let start = usize::try_from(offset).ok()?;
+    if base == 0 || start.checked_add(len)? > maplen {
+        return None;
+    }
+    // SAFETY: set in `map`, freed only when the mapping is dropped (no I/O runs then).
+    let known = unsafe { s.filled.load(Ordering::Acquire).as_ref() }?;
+    if read && !known.all_known(offset, len) && !known.check(base, offset, len) {
+        return None;
+    }
+    let at = (base + start) as *mut u8;
+    // The drive file is this process's alone (FileDrive opens members for exclusive use), so
+    // nothing writes these pages while we copy.
+    if read {
+        std::ptr::copy_nonoverlapping(at, buf, len);
+    } else {
+        std::ptr::copy_nonoverlapping(buf, at, len);
+    }
+    if s.broken.load(Ordering::SeqCst) {
+        return None;
+    }
+    if !read {
+        known.wrote(offset, len);
+    }
+    Some(len as i64)
+}
+
+/// Reads `buf.len()` bytes at `offset` of `fd` through its mapping; false: not done (read it
+/// with pread).
+pub fn read_into(fd: RawFd, offset: u64, buf: &mut [u8]) -> bool {
+    // SAFETY: `buf` is an exclusive slice of its length.
+    unsafe { copy(fd, offset, buf.as_mut_ptr(), buf.len(), true) }.is_some()
+}
+
+/// Writes `buf` at `offset` of `fd` through its mapping; false: not done (write it with
+/// pwrite).
+pub fn write_from(fd: RawFd, offset: u64, buf: &[u8]) -> bool {
+    // SAFETY: `buf` is a slice of its length, only read (the copy goes the other way).
+    unsafe { copy(fd, offset, buf.as_ptr().cast_mut(), buf.len(), false) }.is_some()
+}
+
+fn install() -> Option<Handler> {
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+        .ok()
+        .filter(|&p| p > 0)?;
+    // SAFETY: zeroed sigaction structs are valid; sigaction reads `ours` and writes `previous`.
+    unsafe {
+        let mut ours: libc::sigaction = std::mem::zeroed();
+        ours.sa_sigaction = on_sigbus as *const () as usize;
+        ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+        libc::sigemptyset(&mut ours.sa_mask);
+        let mut previous: libc::sigaction = std::mem::zeroed();
+        // The handler reads HANDLER, which is set only after this returns: until then a
+        // SIGBUS of ours cannot happen (nothing is mapped yet) and others are chained below.
+        if libc::sigaction(libc::SIGBUS, &ours, &mut previous) != 0 {
+            return None;
+        }
+        Some(Handler { page, previous })
+    }
+}
+
+/// Async-signal-safe: atomics, mmap and sigaction only.
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    let h = HANDLER.get().and_then(|h| h.as_ref());
+    if let Some(h) = h {
+        for s in &TABLE {
+            let (base, len) = (s.base.load(Ordering::SeqCst), s.len.load(Ordering::SeqCst));
+            if base == 0 || addr < base || addr - base >= len {
+                continue;
+            }
+            s.broken.store(true, Ordering::SeqCst);
+            let page = addr & !(h.page - 1);
+            // SAFETY: replaces one page of our own mapping with zeroes, so the faulting copy
+            // can finish; the mapping is broken and no copy result from it is trusted again.
+            let p = unsafe {
+                libc::mmap(
+                    page as *mut libc::c_void,
+                    h.page,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if p != libc::MAP_FAILED {
+                return;
+            }
+            break;
+        }
+    }
+    chain(sig, info, ctx, h);
+}
+
+/// Hands a SIGBUS that is not ours to the action that was there before.
+fn chain(
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    ctx: *mut libc::c_void,
+    h: Option<&Handler>,
+) {
+    let prev = h.map(|h| h.previous);
+    match prev {
+        Some(p)
+            if p.sa_sigaction != libc::SIG_DFL
+                && p.sa_sigaction != libc::SIG_IGN
+                && p.sa_flags & libc::SA_SIGINFO != 0 =>
+        {
+            // SAFETY: a SA_SIGINFO handler installed by someone else, called as the kernel would.
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                unsafe { std::mem::transmute(p.sa_sigaction) };
+            f(sig, info, ctx);
+        }
+        Some(p) if p.sa_sigaction != libc::SIG_DFL && p.sa_sigaction != libc::SIG_IGN => {
+            // SAFETY: a plain handler installed by someone else.
+            let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(p.sa_sigaction) };
+            f(sig);
+        }
+        _ => {
+            // The default action: returning re-runs the faulting access, which then kills the
+            // process as SIGBUS always did.
+            // SAFETY: a zeroed sigaction with SIG_DFL is valid.
+            unsafe {
+                let mut dfl: libc::sigaction = std::mem::zeroed();
+                dfl.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+
+    fn shm_file(len: usize) -> Option<std::fs::File> {
+        let mut f = tempfile::tempfile_in("/dev/shm").ok()?;
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+        f.write_all(&data).ok()?;
+        Some(f)
+    }
+
+    #[test]
+    fn reads_and_writes_go_to_the_file() {
+        let Some(f) = shm_file(64 * 1024) else { return };
+        let m = map(f.as_raw_fd(), 64 * 1024).expect("a tmpfs file maps");
+        let mut buf = vec![0u8; 4096];
+        let n = unsafe { copy(f.as_raw_fd(), 8192, buf.as_mut_ptr(), 4096, true) };
+        assert_eq!(n, Some(4096));
+        let want: Vec<u8> = (8192..8192 + 4096).map(|i| (i * 7 % 251) as u8).collect();
+        assert_eq!(buf, want);
+        let mut w = vec![0xA5u8; 4096];
+        let n = unsafe { copy(f.as_raw_fd(), 4096, w.as_mut_ptr(), 4096, false) };
+        assert_eq!(n, Some(4096));
+        let mut back = vec![0u8; 4096];
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut back, 4096).unwrap();
+        assert_eq!(back, w, "a write through the mapping is in the file");
+        // Past the mapping: left to pread/pwrite.
+        let n = unsafe { copy(f.as_raw_fd(), 62 * 1024, buf.as_mut_ptr(), 4096, true) };
+        assert_eq!(n, None);
+        drop(m);
+        let n = unsafe { copy(f.as_raw_fd(), 0, buf.as_mut_ptr(), 4096, true) };
+        assert_eq!(n, None, "an unmapped descriptor is not copied");
+    }
+
+    fn blocks(f: &std::fs::File) -> u64 {
+        std::os::unix::fs::MetadataExt::blocks(&f.metadata().unwrap())
+    }
+
+    #[test]
+    fn reads_of_a_file_with_holes_allocate_nothing_until_it_fills_up() {
+        let Ok(f) = tempfile::tempfile_in("/dev/shm") else {
+            return;
+        };
+        f.set_len(64 * 1024).unwrap();
+        let fd = f.as_raw_fd();
+        let _m = map(fd, 64 * 1024).expect("a tmpfs file maps");
+        let mut buf = vec![1u8; 4096];
+        assert_eq!(
+            unsafe { copy(fd, 0, buf.as_mut_ptr(), 4096, true) },
+            None,
+            "a sparse file reads by pread"
+        );
+        assert_eq!(blocks(&f), 0, "nothing was allocated by reading");
+        let data = vec![7u8; 64 * 1024];
+        assert!(write_from(fd, 0, &data), "writes go through the mapping");
+        assert!(
+            read_into(fd, 4096, &mut buf),
+            "what a write filled reads through the mapping"
+        );
+        assert!(buf == data[..4096]);
+        _m.punching_hole(0, 32 * 1024);
+        // SAFETY: a descriptor this test owns.
+        let r = unsafe {
+            libc::fallocate(
+                fd,
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                32 * 1024,
+            )
+        };
+        assert_eq!(r, 0);
+        let before = blocks(&f);
+        assert!(
+            !read_into(fd, 0, &mut buf),
+            "a punched file reads by pread again"
+        );
+        assert_eq!(blocks(&f), before, "and its hole stays a hole");
+        // Filled behind the mapping's back (pwrite), then touched by a write through it.
+        std::os::unix::fs::FileExt::write_all_at(&f, &data[..32 * 1024], 0).unwrap();
+        assert!(
+            !read_into(fd, 0, &mut buf),
+            "a chunk found holey is not asked again before a write touches it"
+        );
+        assert!(write_from(fd, 0, &data[..4096]));
+        assert!(
+            read_into(fd, 0, &mut buf),
+            "a range that filled up reads through the mapping again"
+        );
+    }
+
+    #[test]
+    fn a_file_truncated_under_the_mapping_is_an_error_not_a_crash() {
+        let Some(f) = shm_file(64 * 1024) else { return };
+        let _m = map(f.as_raw_fd(), 64 * 1024).expect("a tmpfs file maps");
+        f.set_len(4096).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = unsafe { copy(f.as_raw_fd(), 32 * 1024, buf.as_mut_ptr(), 4096, true) };
+        assert_eq!(n, None, "the fault sends the read back to pread");
+        // Broken for good, also where the file still has pages.
+        let n = unsafe { copy(f.as_raw_fd(), 0, buf.as_mut_ptr(), 4096, true) };
+        assert_eq!(n, None);
+    }
+}
