@@ -71,7 +71,7 @@ measure() {
         # Did the target have CPU 0 to itself? Its own share of the core, and what else ran there.
         local share
         share=$(awk -v b=$((b1 - b0)) -v a=$((a1 - a0)) -v t=$((t1 - t0)) \
-            'BEGIN { printf "target %.0f%% of CPU 0, others %.0f%%", 100 * t / a, 100 * (b - t) / a }')
+            'BEGIN { o = 100 * (b - t) / a; if (o < 0) o = 0; printf "target %.0f%% of CPU 0, others %.0f%%", 100 * t / a, o }')
         echo "  $side $row: $iops IOPS; $share" >&2
         case $share in *"others "[0-4]%) ;; *) echo "  WARNING: CPU 0 was shared with other work; do not trust this row" >&2 ;; esac
     done
