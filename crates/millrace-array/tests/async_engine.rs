@@ -11,10 +11,10 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use common::{file_rig, memory_rig, pattern};
+use common::{file_rig, memory_rig, pattern, start_cores};
 use millrace_array::{Array, Level};
 use millrace_block::BlockDevice;
-use millrace_io::{BufPool, Cores, CoresConfig, PoolConfig};
+use millrace_io::{BufPool, Cores};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -133,19 +133,7 @@ fn run(
             None => return Ok(()),
         },
     };
-    let pool = BufPool::new(&PoolConfig {
-        bytes: 16 << 20,
-        slices: 2,
-        max_buf: 1 << 20,
-        populate: false,
-    })
-    .unwrap();
-    let cores = Cores::start(CoresConfig {
-        cores: 2,
-        pool: Some(pool.clone()),
-        ..Default::default()
-    })
-    .unwrap();
+    let (pool, cores) = start_cores(2, 16 << 20);
     let size = rig.array.size_bytes() as usize;
     let fs = rig.array.geometry().full_stripe_bytes() as usize;
     let tolerance = rig.array.geometry().tolerance_per_group();
@@ -266,19 +254,7 @@ fn a_member_file_truncated_under_its_mapping_fails_the_member_not_the_process() 
     let Some(rig) = memory_rig(Level::Raid5, 4, None, 4096, 16) else {
         return;
     };
-    let pool = BufPool::new(&PoolConfig {
-        bytes: 8 << 20,
-        slices: 1,
-        max_buf: 1 << 20,
-        populate: false,
-    })
-    .unwrap();
-    let cores = Cores::start(CoresConfig {
-        cores: 1,
-        pool: Some(pool.clone()),
-        ..Default::default()
-    })
-    .unwrap();
+    let (pool, cores) = start_cores(1, 8 << 20);
     let size = rig.array.size_bytes() as usize;
     let data = pattern(7, size);
     let write = Op::Write {
@@ -318,19 +294,7 @@ fn a_member_file_truncated_under_its_mapping_fails_the_member_not_the_process() 
 fn concurrent_partial_writes_filling_stripes_keep_parity_right() {
     for (level, n, g) in [(Level::Raid5, 4, None), (Level::Raid6, 6, None)] {
         let rig = file_rig(level, n, g, 4096, 16);
-        let pool = BufPool::new(&PoolConfig {
-            bytes: 8 << 20,
-            slices: 2,
-            max_buf: 1 << 20,
-            populate: false,
-        })
-        .unwrap();
-        let cores = Cores::start(CoresConfig {
-            cores: 2,
-            pool: Some(pool.clone()),
-            ..Default::default()
-        })
-        .unwrap();
+        let (pool, cores) = start_cores(2, 8 << 20);
         let size = rig.array.size_bytes() as usize;
         let ops: Vec<(Op, (usize, usize))> = (0..size / 4096)
             .map(|s| {

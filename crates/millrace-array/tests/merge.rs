@@ -8,25 +8,13 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use common::{file_rig, pattern, Rig};
+use common::{file_rig, pattern, start_cores, Rig};
 use millrace_array::{Array, Level};
 use millrace_block::BlockDevice;
-use millrace_io::{BufPool, Cores, CoresConfig, PoolConfig};
+use millrace_io::{BufPool, Cores};
 
 fn cores(n: usize) -> (Cores, BufPool) {
-    let pool = BufPool::new(&PoolConfig {
-        bytes: 32 << 20,
-        slices: n,
-        max_buf: 1 << 20,
-        populate: false,
-    })
-    .unwrap();
-    let cores = Cores::start(CoresConfig {
-        cores: n,
-        pool: Some(pool.clone()),
-        ..Default::default()
-    })
-    .unwrap();
+    let (pool, cores) = start_cores(n, 32 << 20);
     (cores, pool)
 }
 

@@ -33,6 +33,7 @@
 mod admin;
 pub mod cmd;
 mod error;
+mod gather;
 pub mod initiator;
 pub mod io_commands;
 mod model;

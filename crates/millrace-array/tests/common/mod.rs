@@ -265,3 +265,21 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
         })
         .collect()
 }
+
+/// `n` cores sharing a buffer pool of `bytes` (a slice each), for the async engine's tests.
+pub fn start_cores(n: usize, bytes: usize) -> (millrace_io::BufPool, millrace_io::Cores) {
+    let pool = millrace_io::BufPool::new(&millrace_io::PoolConfig {
+        bytes,
+        slices: n,
+        max_buf: 1 << 20,
+        populate: false,
+    })
+    .unwrap();
+    let cores = millrace_io::Cores::start(millrace_io::CoresConfig {
+        cores: n,
+        pool: Some(pool.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    (pool, cores)
+}
