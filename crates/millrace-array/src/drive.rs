@@ -81,7 +81,7 @@ impl Drop for FileDrive {
     fn drop(&mut self) {
         // Before the descriptor closes, so its number is never taken for a memory file again.
         if self.inline {
-            millrace_io::inline::set(self.file.as_raw_fd(), false);
+            millrace_io::inline::set(self.fd(), false);
         }
         self.mapping = None;
     }
@@ -227,7 +227,7 @@ impl Drive for FileDrive {
         millrace_io::ring::write_all_durable(self.fd(), buf, offset)
     }
     fn uring_fd(&self) -> Option<RawFd> {
-        Some(self.file.as_raw_fd())
+        Some(self.fd())
     }
     fn direct(&self) -> bool {
         self.direct
@@ -253,7 +253,7 @@ impl Drive for FileDrive {
             m.punching_hole(offset, len);
         }
         // SAFETY: fallocate on a descriptor this drive owns; no memory is passed.
-        if unsafe { libc::fallocate(self.file.as_raw_fd(), mode, off, n) } == 0 {
+        if unsafe { libc::fallocate(self.fd(), mode, off, n) } == 0 {
             return Ok(());
         }
         let e = io::Error::last_os_error();
@@ -266,7 +266,7 @@ impl Drive for FileDrive {
         if self.file.metadata()?.file_type().is_block_device() {
             let range: [u64; 2] = [offset, len];
             // SAFETY: BLKZEROOUT reads two u64s (start, length) from the pointer given.
-            let r = unsafe { libc::ioctl(self.file.as_raw_fd(), BLKZEROOUT, range.as_ptr()) };
+            let r = unsafe { libc::ioctl(self.fd(), BLKZEROOUT, range.as_ptr()) };
             if r == 0 {
                 return Ok(());
             }

@@ -4,8 +4,7 @@
 //!
 //! A chunk becomes known when a write through the mapping covers it whole, or when a check
 //! (`mincore` over the mapping, at the first read that finds it unknown) finds all its pages
-//! in memory; it is
-//! forgotten when a discard punches a hole that touches it. A chunk the check found holey is
+//! in memory; it is forgotten when a discard punches a hole that touches it. A chunk the check found holey is
 //! not checked again until a write touches it, so reading a hole costs one system call, as
 //! before. Two bits per 64 KiB: 8 KiB per 2 GiB of file.
 
@@ -89,7 +88,8 @@ impl Filled {
     /// Looks whether the chunks of `offset..offset+len` not known yet (and not found
     /// holey since their last write) hold a hole, and remembers the answer. Whether all are
     /// known filled now.
-    pub(crate) fn check(&self, base: usize, offset: u64, len: usize) -> bool {
+    /// `base`: the mapping's address; `page`: the system's page size.
+    pub(crate) fn check(&self, base: usize, page: usize, offset: u64, len: usize) -> bool {
         let mut all = true;
         for c in Self::touched(offset, len) {
             let (w, b) = self.bit(c);
@@ -102,7 +102,7 @@ impl Filled {
                 continue;
             }
             let (start, end) = (c * CHUNK, ((c + 1) * CHUNK).min(self.len));
-            if resident(base + start as usize, (end - start) as usize) {
+            if resident(base + start as usize, (end - start) as usize, page) {
                 w.fetch_or(b, Ordering::Release);
             } else {
                 hw.fetch_or(hb, Ordering::Release);
@@ -116,12 +116,10 @@ impl Filled {
 /// Whether every page of the mapping at `addr..addr+len` (page-aligned) is in memory: a tmpfs
 /// page that is not is a hole (or swapped out, which pread reads as well). mincore looks, and
 /// faults nothing in; its cost is bounded by the range (lseek SEEK_HOLE on tmpfs walks the file
-/// to the next hole). Counted in 4 KiB pages: where pages are larger, ranges never count as
-/// filled, and reads stay on pread.
-fn resident(addr: usize, len: usize) -> bool {
+/// to the next hole). `page`: the system's page size (at least 4 KiB).
+fn resident(addr: usize, len: usize, page: usize) -> bool {
     let mut vec = [0u8; (CHUNK / 4096) as usize];
-    let page = 4096usize;
-    if len.div_ceil(page) > vec.len() {
+    if page == 0 || len.div_ceil(page) > vec.len() {
         return false;
     }
     // SAFETY: the range lies inside a live mapping of ours; mincore writes one byte per page

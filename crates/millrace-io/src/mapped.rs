@@ -52,7 +52,7 @@ static TABLE: [Slot; SLOTS] = [const {
 }; SLOTS];
 
 /// Whether the first `len` bytes of `fd` are all allocated (no holes).
-fn filled(fd: RawFd, len: usize) -> bool {
+fn allocated(fd: RawFd, len: usize) -> bool {
     // SAFETY: fstat writes only into `st`, a zeroed struct of the right type.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     if unsafe { libc::fstat(fd, &mut st) } != 0 {
@@ -136,7 +136,7 @@ pub fn map(fd: RawFd, len: u64) -> Option<Mapping> {
     };
     let s = &TABLE[slot];
     s.broken.store(false, Ordering::SeqCst);
-    let known = Box::new(Filled::new(len as u64, filled(fd, len)));
+    let known = Box::new(Filled::new(len as u64, allocated(fd, len)));
     s.filled.store(Box::into_raw(known), Ordering::SeqCst);
     s.len.store(len, Ordering::SeqCst);
     s.base.store(base, Ordering::SeqCst);
@@ -212,8 +212,12 @@ pub(crate) unsafe fn copy(
     }
     // SAFETY: set in `map`, freed only when the mapping is dropped (no I/O runs then).
     let known = unsafe { s.filled.load(Ordering::Acquire).as_ref() }?;
-    if read && !known.all_known(offset, len) && !known.check(base, offset, len) {
-        return None;
+    if read && !known.all_known(offset, len) {
+        // A mapping exists, so the handler (and with it the page size) is in place.
+        let page = HANDLER.get().and_then(|h| h.as_ref()).map_or(0, |h| h.page);
+        if !known.check(base, page, offset, len) {
+            return None;
+        }
     }
     let at = (base + start) as *mut u8;
     // The drive file is this process's alone (FileDrive opens members for exclusive use), so

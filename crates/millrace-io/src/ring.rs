@@ -390,35 +390,27 @@ fn run_inline(ops: &[MemberOp], state: &BatchState) -> bool {
     if !ops.iter().all(|o| crate::inline::is_set(o.fd)) {
         return false;
     }
-    let counted = RING.with(|cell| {
-        cell.borrow().as_ref().map(|r| {
-            r.stats
-                .inline
-                .fetch_add(ops.len() as u64, Ordering::Relaxed)
-        })
-    });
-    if counted.is_none() {
-        return false;
-    }
-    let mut mapped = 0;
-    for (i, op) in ops.iter().enumerate() {
-        let r = match run_mapped(op) {
-            Some(r) => {
-                mapped += 1;
-                r
-            }
-            None => run_sync(op),
+    RING.with(|cell| {
+        let ring = cell.borrow();
+        let Some(ring) = ring.as_ref() else {
+            return false;
         };
-        state.results[i].store(r, Ordering::Release);
-    }
-    if mapped > 0 {
-        RING.with(|cell| {
-            if let Some(r) = cell.borrow().as_ref() {
-                r.stats.mapped.fetch_add(mapped, Ordering::Relaxed);
-            }
-        });
-    }
-    true
+        let mut mapped = 0;
+        for (i, op) in ops.iter().enumerate() {
+            let r = match run_mapped(op) {
+                Some(r) => {
+                    mapped += 1;
+                    r
+                }
+                None => run_sync(op),
+            };
+            state.results[i].store(r, Ordering::Release);
+        }
+        let stats = &ring.stats;
+        stats.inline.fetch_add(ops.len() as u64, Ordering::Relaxed);
+        stats.mapped.fetch_add(mapped, Ordering::Relaxed);
+        true
+    })
 }
 
 /// A read or write of a mapped file in memory as one copy (`crate::mapped`); None: run it by

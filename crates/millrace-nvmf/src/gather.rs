@@ -34,13 +34,16 @@ const IOV_MAX: usize = 64;
 
 impl Gather {
     pub(crate) fn push_bytes(&mut self, b: &[u8]) {
-        self.push_with(|out| out.extend_from_slice(b));
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(b);
+        self.queued_from(start);
     }
 
-    /// Queues the bytes `put` appends to the batch's byte buffer.
-    pub(crate) fn push_with(&mut self, put: impl FnOnce(&mut Vec<u8>)) {
+    /// Queues a PDU that is a header alone (a response capsule, an R2T), encoded straight into
+    /// the batch.
+    pub(crate) fn push_head(&mut self, head: &Head, f: &Fmt) {
         let start = self.bytes.len();
-        put(&mut self.bytes);
+        pdu::encode_head_into(&mut self.bytes, head, &[], f.hdgst, f.ddgst, f.align);
         self.queued_from(start);
     }
 

@@ -228,14 +228,9 @@ pub(crate) async fn serve_connection(
 /// Whether `buffered` begins with a whole PDU (its common header's PDU length, header, data and
 /// digests included, is all there).
 fn whole_pdu(buffered: &[u8]) -> bool {
-    buffered.len() >= pdu::CH_LEN
-        && buffered.len() as u64
-            >= u64::from(u32::from_le_bytes([
-                buffered[4],
-                buffered[5],
-                buffered[6],
-                buffered[7],
-            ]))
+    buffered
+        .first_chunk::<{ pdu::CH_LEN }>()
+        .is_some_and(|ch| buffered.len() as u64 >= u64::from(pdu::Ch::decode(ch).plen))
 }
 
 /// Completes an admin queue's parked commands from any task: the in-flight count drops before
@@ -287,19 +282,16 @@ async fn writer(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Out>, f: Fmt, sqh
         };
         let resp = |mut c: Cqe| {
             c.sqhd = sqhd.load(Ordering::Relaxed);
-            let h = Head::Resp(c);
-            move |out: &mut Vec<u8>| pdu::encode_head_into(out, &h, &[], f.hdgst, f.ddgst, f.align)
+            Head::Resp(c)
         };
         match msg {
-            Out::Resp(c) => g.push_with(resp(c)),
+            Out::Resp(c) => g.push_head(&resp(c), &f),
             Out::Data { cqe, data, held } => {
                 g.push_data(&cqe, data, &f);
                 g.held.extend(held);
-                g.push_with(resp(cqe));
+                g.push_head(&resp(cqe), &f);
             }
-            Out::R2t(r) => g.push_with(|out| {
-                pdu::encode_head_into(out, &Head::R2t(r), &[], f.hdgst, f.ddgst, f.align)
-            }),
+            Out::R2t(r) => g.push_head(&Head::R2t(r), &f),
             Out::Term { fes, fei, hdr } => {
                 g.push_bytes(&term(fes, fei, &hdr));
                 break;

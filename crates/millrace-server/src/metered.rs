@@ -171,7 +171,7 @@ struct Metered {
     dev: Arc<dyn BlockDevice>,
     gate: Arc<Gate>,
     inflight: Gauge,
-    ops: [OpMeters; 5],
+    ops: [OpMeters; Op::ALL.len()],
 }
 
 impl Metered {
