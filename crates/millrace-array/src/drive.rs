@@ -49,6 +49,12 @@ pub trait Drive: Send + Sync {
     fn deallocate(&self, offset: u64, len: u64) -> io::Result<()> {
         write_zeroes(self, offset, len)
     }
+    /// Blocks until the I/O this thread gave the drive has completed. A drive whose calls
+    /// return on completion (every real one) has nothing to wait for. The bench's simulated
+    /// drives book an I/O's service time and return at once, so a pipeline stage that must
+    /// not run ahead of its own I/O (the rebuild's reader and writer threads) calls this after
+    /// each batch.
+    fn settle(&self) {}
 }
 
 /// Writes zeroes over a range in 1 MiB pieces, from an aligned buffer (fine for O_DIRECT).

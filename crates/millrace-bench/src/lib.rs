@@ -399,27 +399,22 @@ fn raw_point(
     }
 }
 
-/// Rebuilds member 0 of a private array from row 0 for up to `secs` seconds (or until `stop`);
-/// returns bytes written to the rebuilt member per second.
+/// Rebuilds member 0 of a private array from row 0 for up to `secs` seconds (or until `stop`),
+/// `batch` rows at a time; returns bytes written to the rebuilt member per second.
 fn rebuild_rate(
     array: &Array,
     secs: f64,
     stop: &std::sync::atomic::AtomicBool,
-    simulated: bool,
+    batch: u64,
 ) -> Result<f64, String> {
     let t0 = std::time::Instant::now();
-    // The engine's pipelined rebuild (reads of the next batch beside this batch's writes), at
-    // its idle batch size.
-    let (_, first, _) = array.rebuild_batch_bounds();
+    // The engine's pipelined rebuild (reads, parity and writes of three batches at once).
     let rows = array
-        .rebuild_pipelined(0, first, |_| {
-            if simulated {
-                sim::wait_all();
-            }
+        .rebuild_pipelined(0, batch, |_| {
             let more = t0.elapsed().as_secs_f64() < secs
                 && !stop.load(std::sync::atomic::Ordering::Relaxed);
             if more {
-                first
+                batch
             } else {
                 0
             }
@@ -464,19 +459,16 @@ fn measure_rebuild(setup: &Setup, opts: &Options, points: &mut Vec<Point>) -> Re
     .map_err(|e| e.to_string())?;
     let raw_rate = raw.bytes as f64 / raw.seconds;
     let never = AtomicBool::new(false);
-    let idle = rebuild_rate(
-        &rebuilding_array(setup),
-        opts.seconds,
-        &never,
-        setup.simulated,
-    )?;
+    // Idle at the batch size `Pool::rebuild` grows to without clients, under load at the one
+    // it starts from (it shrinks further while clients keep working).
+    let (_, first, idle_rows) = rebuilding_array(setup).rebuild_batch_bounds();
+    let idle = rebuild_rate(&rebuilding_array(setup), opts.seconds, &never, idle_rows)?;
     let loaded_array = rebuilding_array(setup);
     let stop = AtomicBool::new(false);
     let jobs = opts.jobs.iter().copied().max().unwrap_or(4);
     let bs = (1u64 << 20).div_ceil(geo.full_stripe_bytes()) * geo.full_stripe_bytes();
     let (loaded, reads) = std::thread::scope(|s| {
-        let h =
-            s.spawn(|| rebuild_rate(&loaded_array, opts.seconds * 10.0, &stop, setup.simulated));
+        let h = s.spawn(|| rebuild_rate(&loaded_array, opts.seconds * 10.0, &stop, first));
         let reads = run::run(
             &run::ArrayTarget {
                 array: &loaded_array,

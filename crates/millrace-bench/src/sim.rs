@@ -26,21 +26,6 @@ thread_local! {
     static DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
 }
 
-/// The completion of the latest I/O booked on any simulated drive.
-static LAST: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
-
-/// Sleeps until every simulated I/O any thread issued has completed: for a caller whose I/O
-/// is issued on threads it does not own (the rebuild's reader).
-pub fn wait_all() {
-    let t = *LAST.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(t) = t {
-        let now = Instant::now();
-        if t > now {
-            std::thread::sleep(t - now);
-        }
-    }
-}
-
 /// Sleeps until every simulated I/O this thread issued has completed.
 pub fn wait() {
     if let Some(t) = DEADLINE.with(|d| d.take()) {
@@ -175,8 +160,6 @@ impl SimDrive {
     fn book(&self, len: usize) {
         let done = self.reserve(len);
         DEADLINE.with(|d| d.set(Some(d.get().map_or(done, |x| x.max(done)))));
-        let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
-        *last = Some(last.map_or(done, |x| x.max(done)));
     }
 }
 
@@ -208,6 +191,9 @@ impl Drive for SimDrive {
     fn write_fua_at(&self, buf: &[u8], _offset: u64) -> io::Result<()> {
         sleep_until(self.reserve(buf.len()) + self.flush_latency);
         Ok(())
+    }
+    fn settle(&self) {
+        wait();
     }
 }
 

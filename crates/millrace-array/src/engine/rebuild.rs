@@ -1,8 +1,9 @@
 //! Rebuild: the generic loops that bring members in state Rebuilding up to date, row by row or a
-//! window of rows at a time (two windows in flight, `rebuild_pipelined`), under the rows' locks;
+//! window of rows at a time (three windows in flight, `rebuild_pipelined`), under the rows' locks;
 //! the strategy rebuilds each group.
 
 use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, Sender};
 
 use super::layout::Window;
 use super::{Array, ArrayError, Result};
@@ -27,6 +28,13 @@ impl Array {
             if self.member_state(m) == MemberState::Rebuilding {
                 self.rebuilt_rows[m].store(rows, Ordering::Release);
             }
+        }
+    }
+
+    /// Waits for what this thread gave the members (see `Drive::settle`).
+    fn settle_members(&self) {
+        for d in self.drives.load().iter() {
+            d.settle();
         }
     }
 
@@ -105,20 +113,22 @@ impl Array {
         self.finish_window(self.load_window(first, count))
     }
 
-    /// Rebuilds from row `start` as a pipeline of two batches: while one batch's parity is
-    /// computed and its targets written, the next batch's reads are in flight (on a reader
-    /// thread with its own ring), so every drive stays busy. `between` runs after each batch
-    /// with the row reached and returns the next batch's rows (0: stop). Returns the row
-    /// reached.
+    /// Rebuilds from row `start` as a pipeline of three batches: while one batch is written to
+    /// its targets (on a writer thread), the next one's strips are computed here and the one
+    /// after is read (on a reader thread with its own ring), so the surviving drives, the CPU and
+    /// the new drive all stay busy; with two stages the computation and the write took turns and
+    /// the new drive idled half the time. `between` runs after each batch is written with the
+    /// row reached (everything before it rebuilt) and returns the next batch's rows (0: stop).
+    /// Returns the row reached.
     pub fn rebuild_pipelined(
         &self,
         start: u64,
         first_count: u64,
         mut between: impl FnMut(u64) -> u64,
     ) -> Result<u64> {
-        // Two windows in flight lock disjoint shards (see `locks`), so the reader never waits
-        // on a window the finisher holds, nor the other way round.
-        let cap = (super::locks::SHARDS / 2) as u64;
+        // Three windows in flight lock disjoint shards (see `locks`), so no stage ever waits
+        // on a window another stage holds.
+        let cap = (super::locks::SHARDS / 3) as u64;
         let rows = self.geo.rows();
         let mut at = start.min(rows);
         let mut count = first_count.clamp(1, cap).min(rows - at);
@@ -128,16 +138,23 @@ impl Array {
         std::thread::scope(|s| {
             let (ask, asked) = std::sync::mpsc::channel::<(u64, u64)>();
             let (give, given) = std::sync::mpsc::channel::<Loaded>();
-            s.spawn(move || {
-                for (f, c) in asked {
-                    if give.send(self.load_window(f, c)).is_err() {
-                        break;
-                    }
-                }
-            });
+            // Written windows' buffers go back to the reader, whose `scratch` reuses them
+            // instead of allocating and zeroing a batch of buffers every window.
+            let (spent_tx, spent_rx) = std::sync::mpsc::channel::<Vec<AlignedBuf>>();
+            s.spawn(move || self.read_ahead(asked, give, spent_rx));
+            let (write, to_write) = std::sync::mpsc::channel::<Computed>();
+            let (wrote, written) = std::sync::mpsc::channel::<Result<u64>>();
+            s.spawn(move || self.write_behind(to_write, wrote, spent_tx));
             ask.send((at, count))
                 .expect("the reader lives as long as the scope");
             let mut size = count;
+            // The row reached by the last window written, and whether one is being written.
+            let mut reached = at;
+            let mut writing = false;
+            let wait_write = |writing: &mut bool| match std::mem::take(writing) {
+                true => written.recv().expect("the writer answers").map(Some),
+                false => Ok(None),
+            };
             loop {
                 let cur = given.recv().expect("the reader answers every request");
                 let next_at = at + count;
@@ -145,15 +162,77 @@ impl Array {
                 if next > 0 {
                     ask.send((next_at, next)).expect("the reader lives");
                 }
-                self.finish_window(cur)?;
-                size = between(next_at);
-                if next == 0 || size == 0 {
-                    // A batch read ahead but not wanted is dropped with its locks, unwritten.
-                    return Ok(next_at);
+                // A window to go row by row (or an error) waits for the one before to be
+                // written, so checkpoints move in order; any other is computed meanwhile.
+                let in_order = cur.guard.is_none() || cur.error.is_some();
+                let (computed, after) = match in_order {
+                    true => (None, Some(cur)),
+                    false => (self.compute_window(cur)?, None),
+                };
+                if let Some(r) = wait_write(&mut writing)? {
+                    reached = r;
                 }
-                (at, count) = (next_at, next);
+                if let Some(l) = after {
+                    self.compute_window(l)?;
+                }
+                match computed {
+                    Some(c) => {
+                        write.send(c).expect("the writer lives");
+                        writing = true;
+                    }
+                    None => reached = next_at,
+                }
+                let wanted = between(reached);
+                if next == 0 || wanted == 0 {
+                    // A window read ahead but not wanted is dropped with its locks, unwritten;
+                    // the one being written is told, so the checkpoint saved is where the
+                    // members are.
+                    if let Some(r) = wait_write(&mut writing)? {
+                        reached = r;
+                        between(reached);
+                    }
+                    return Ok(reached);
+                }
+                (at, count, size) = (next_at, next, wanted);
             }
         })
+    }
+
+    /// The pipeline's reader: loads each window asked for, reusing the buffers of windows
+    /// written since.
+    fn read_ahead<'a>(
+        &'a self,
+        asked: Receiver<(u64, u64)>,
+        give: Sender<Loaded<'a>>,
+        spent: Receiver<Vec<AlignedBuf>>,
+    ) {
+        for (first, count) in asked {
+            crate::aligned::recycle(spent.try_iter().flatten());
+            let loaded = self.load_window(first, count);
+            self.settle_members();
+            if give.send(loaded).is_err() {
+                break;
+            }
+        }
+    }
+
+    /// The pipeline's writer: writes each computed window, answers with the row reached, and
+    /// hands its buffers back to the reader.
+    fn write_behind(
+        &self,
+        to_write: Receiver<Computed>,
+        wrote: Sender<Result<u64>>,
+        spent_to: Sender<Vec<AlignedBuf>>,
+    ) {
+        for c in to_write {
+            let end = c.first + c.count;
+            let mut spent = Vec::new();
+            let r = self.write_window(c, &mut spent).map(|()| end);
+            let _ = spent_to.send(spent);
+            if wrote.send(r).is_err() {
+                break;
+            }
+        }
     }
 
     /// Locks and reads a window (see `rebuild_rows`), or says to go row by row.
@@ -249,16 +328,29 @@ impl Array {
 
     /// Computes a loaded window's targets and writes them, then moves their checkpoint.
     fn finish_window(&self, l: Loaded) -> Result<()> {
+        let Some(c) = self.compute_window(l)? else {
+            return Ok(());
+        };
+        let mut spent = Vec::new();
+        let r = self.write_window(c, &mut spent);
+        crate::aligned::recycle(spent);
+        r
+    }
+
+    /// Computes a loaded window's targets in its buffers; None when there is nothing to write
+    /// (no targets, or a window that had to be rebuilt row by row, done here).
+    fn compute_window<'a>(&self, l: Loaded<'a>) -> Result<Option<Computed<'a>>> {
         if let Some(e) = l.error {
             return Err(e);
         }
         if l.targets.is_empty() || l.count == 0 {
-            return Ok(());
+            return Ok(None);
         }
-        if l.guard.is_none() {
-            return (l.first..l.first + l.count).try_for_each(|r| self.rebuild_row(r));
-        }
-        let off = self.member_offset(l.first, 0);
+        let Some(guard) = l.guard else {
+            (l.first..l.first + l.count).try_for_each(|r| self.rebuild_row(r))?;
+            return Ok(None);
+        };
+        let mut groups = Vec::with_capacity(l.groups.len());
         for (group, members, sources, mut bufs) in l.groups {
             let w = Window {
                 first: l.first,
@@ -269,18 +361,35 @@ impl Array {
                 targets: &l.targets,
             };
             self.layout.rebuild_window(self, &w, &mut bufs);
+            groups.push((members, bufs));
+        }
+        Ok(Some(Computed {
+            first: l.first,
+            count: l.count,
+            targets: l.targets,
+            _guard: guard,
+            groups,
+        }))
+    }
+
+    /// Writes a computed window to its targets, then moves their checkpoint; its buffers go to
+    /// `spent`.
+    fn write_window(&self, c: Computed, spent: &mut Vec<AlignedBuf>) -> Result<()> {
+        let off = self.member_offset(c.first, 0);
+        for (members, bufs) in c.groups {
             let mut ops: Vec<Op> = bufs
                 .iter()
-                .zip(w.members)
-                .filter(|(_, m)| w.targets.contains(m))
+                .zip(&members)
+                .filter(|(_, m)| c.targets.contains(m))
                 .map(|(b, &m)| Op::write(m, off, b))
                 .collect();
             self.run(&mut ops);
             drop(ops);
-            crate::aligned::recycle(bufs);
+            spent.extend(bufs);
         }
-        drop(l.guard);
-        self.advance_rebuilt(&l.targets, l.first + l.count);
+        self.settle_members();
+        drop(c._guard);
+        self.advance_rebuilt(&c.targets, c.first + c.count);
         self.offline_or_ok()
     }
 }
@@ -297,4 +406,14 @@ struct Loaded<'a> {
     guard: Option<super::locks::RowGuard<'a>>,
     groups: Vec<GroupRead>,
     error: Option<ArrayError>,
+}
+
+/// A window whose targets are computed, waiting to be written under its rows' locks.
+struct Computed<'a> {
+    first: u64,
+    count: u64,
+    targets: Vec<usize>,
+    _guard: super::locks::RowGuard<'a>,
+    /// Each group's members and a buffer per member (the targets' ones rebuilt).
+    groups: Vec<(Vec<usize>, Vec<AlignedBuf>)>,
 }
