@@ -461,8 +461,9 @@ fn measure_rebuild(setup: &Setup, opts: &Options, points: &mut Vec<Point>) -> Re
     let never = AtomicBool::new(false);
     // Idle at the batch size `Pool::rebuild` grows to without clients, under load at the one
     // it starts from (it shrinks further while clients keep working).
-    let (_, first, idle_rows) = rebuilding_array(setup).rebuild_batch_bounds();
-    let idle = rebuild_rate(&rebuilding_array(setup), opts.seconds, &never, idle_rows)?;
+    let idle_array = rebuilding_array(setup);
+    let (_, first, idle_rows) = idle_array.rebuild_batch_bounds();
+    let idle = rebuild_rate(&idle_array, opts.seconds, &never, idle_rows)?;
     let loaded_array = rebuilding_array(setup);
     let stop = AtomicBool::new(false);
     let jobs = opts.jobs.iter().copied().max().unwrap_or(4);

@@ -4,9 +4,9 @@
 //!
 //! A chunk becomes known when a write through the mapping covers it whole, or when a check
 //! (`mincore` over the mapping, at the first read that finds it unknown) finds all its pages
-//! in memory; it is forgotten when a discard punches a hole that touches it. A chunk the check found holey is
-//! not checked again until a write touches it, so reading a hole costs one system call, as
-//! before. Two bits per 64 KiB: 8 KiB per 2 GiB of file.
+//! in memory; it is forgotten when a discard punches a hole that touches it. A chunk the check
+//! found holey is not checked again until a write touches it, so reading a hole costs one system
+//! call, as before. Two bits per 64 KiB: 8 KiB per 2 GiB of file.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -367,7 +367,7 @@ impl Array {
             first: l.first,
             count: l.count,
             targets: l.targets,
-            _guard: guard,
+            guard,
             groups,
         }))
     }
@@ -388,7 +388,7 @@ impl Array {
             spent.extend(bufs);
         }
         self.settle_members();
-        drop(c._guard);
+        drop(c.guard);
         self.advance_rebuilt(&c.targets, c.first + c.count);
         self.offline_or_ok()
     }
@@ -413,7 +413,7 @@ struct Computed<'a> {
     first: u64,
     count: u64,
     targets: Vec<usize>,
-    _guard: super::locks::RowGuard<'a>,
+    guard: super::locks::RowGuard<'a>,
     /// Each group's members and a buffer per member (the targets' ones rebuilt).
     groups: Vec<(Vec<usize>, Vec<AlignedBuf>)>,
 }
