@@ -104,6 +104,10 @@ impl Bitmap {
             }
             any |= ok;
         }
+        if sync {
+            // A drive that only books its flushes (the bench's simulated ones) waits here.
+            drives.iter().for_each(|d| d.settle());
+        }
         any
     }
 

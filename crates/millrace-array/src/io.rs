@@ -155,6 +155,15 @@ pub fn execute(drives: &[Arc<dyn Drive>], ops: &mut [Op]) -> Vec<io::Result<()>>
         for (op, res) in ops.iter_mut().zip(results.iter_mut()) {
             *res = sync_op(drives[op.member].as_ref(), op);
         }
+        // Whatever must be durable when this returns is: a drive that only booked it (the
+        // bench's simulated drives, so that a batch's flushes wait together as on a ring, not
+        // one after another) waits for it here.
+        if let Some(op) = ops
+            .iter()
+            .find(|o| matches!(o.buf, OpBuf::Flush | OpBuf::WriteFua(_)))
+        {
+            drives[op.member].settle();
+        }
         return results;
     }
     // Without io_uring: one scoped thread per member, each running that member's ops in order.

@@ -18,9 +18,17 @@
 //! Each member's log area (JOURNAL_OFFSET up to the data) holds `slots` records of `slot_bytes`.
 //! A record: a header {magic "MLRCPPL2", seq u64, entries u32, table bytes u32, payload bytes u64,
 //! crc32c u32 of all that and of the table and payload}, the entry table, padded to 4 KiB, then
-//! the payloads. An entry: {row u64, group u16, parity u8 (0 P, 1 Q), writes u16, lo u32, hi u32}
-//! then per write {data index u16, at u32, len u32, logged u8}; its payload is the partial parity
-//! of the strip span [lo, hi), then the new data of each logged write.
+//! the payloads. An entry: {row u64, group u16, parity u8 (0 P, 1 Q; bit 7: the partial parity is
+//! zero and not stored), set u8, writes u16, lo u32, hi u32} then per write {data index u16, at
+//! u32, len u32, logged u8 (0: on its drive, 1: in this entry, 2: in another entry of the set)};
+//! its payload is the partial parity of the strip span [lo, hi) unless bit 7 says it is zero,
+//! then the new data of each write logged in this entry.
+//!
+//! Bit 7 and logged 2 came on 2026-11-26, within version 2: records written before never set
+//! them, so they read as they always did. A full-stripe update's partial parity is zero (no data
+//! of the span is left alone), and storing it doubled what a degraded full-stripe write put on
+//! its parity member; a RAID6 stripe missing two written strips logs each strip's data once in
+//! the set (P's entry or Q's) instead of in both, since recovery applies a set only whole.
 
 use crate::aligned::AlignedBuf;
 use crate::journal::JOURNAL_OFFSET;
@@ -33,6 +41,17 @@ const PAGE: usize = 4096;
 /// Most records in flight per member.
 pub const MAX_SLOTS: u64 = 16;
 
+/// Where recovery finds a written strip's new data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Logged {
+    /// On the strip's own member, in place.
+    OnDrive,
+    /// In this entry: the strip's member is out of service (its data lives only in parity).
+    Here(Vec<u8>),
+    /// In the other entry of the set (RAID6, both parities logged).
+    InSet,
+}
+
 /// One data strip's part of a logged update.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogWrite {
@@ -41,8 +60,17 @@ pub struct LogWrite {
     /// Offset inside the strip.
     pub at: u64,
     pub len: usize,
-    /// The new data, where the strip's member is out of service (its data lives only in parity).
-    pub data: Option<Vec<u8>>,
+    pub data: Logged,
+}
+
+impl LogWrite {
+    /// The new data, where this entry holds it.
+    pub fn here(&self) -> Option<&[u8]> {
+        match &self.data {
+            Logged::Here(d) => Some(d),
+            _ => None,
+        }
+    }
 }
 
 /// The partial parity of one stripe's update, logged on one of its parity members.
@@ -59,9 +87,13 @@ pub struct LogEntry {
     pub lo: u64,
     pub hi: u64,
     pub writes: Vec<LogWrite>,
-    /// Parity of the span's data that the update leaves alone, hi - lo bytes.
+    /// Parity of the span's data that the update leaves alone, hi - lo bytes; empty where that
+    /// is zero (the update writes the whole span of every data strip).
     pub partial: Vec<u8>,
 }
+
+/// Bit 7 of an entry's parity byte: no partial parity stored, it is zero.
+const ZERO_PARTIAL: u8 = 0x80;
 
 /// Where a member's log slots lie.
 #[derive(Clone, Copy, Debug)]
@@ -103,8 +135,8 @@ fn payload_len(e: &LogEntry) -> usize {
     e.partial.len()
         + e.writes
             .iter()
-            .filter_map(|w| w.data.as_ref())
-            .map(Vec::len)
+            .filter_map(LogWrite::here)
+            .map(<[u8]>::len)
             .sum::<usize>()
 }
 
@@ -131,7 +163,12 @@ pub fn encode(seq: u64, entries: &[LogEntry], room: u64) -> Option<AlignedBuf> {
     for e in entries {
         b[t..t + 8].copy_from_slice(&e.row.to_le_bytes());
         b[t + 8..t + 10].copy_from_slice(&(e.group as u16).to_le_bytes());
-        b[t + 10] = e.parity as u8;
+        b[t + 10] = e.parity as u8
+            | if e.partial.is_empty() {
+                ZERO_PARTIAL
+            } else {
+                0
+            };
         b[t + 11] = e.set;
         b[t + 12..t + 14].copy_from_slice(&(e.writes.len() as u16).to_le_bytes());
         b[t + 14..t + 18].copy_from_slice(&(e.lo as u32).to_le_bytes());
@@ -141,11 +178,15 @@ pub fn encode(seq: u64, entries: &[LogEntry], room: u64) -> Option<AlignedBuf> {
             b[t..t + 2].copy_from_slice(&(w.index as u16).to_le_bytes());
             b[t + 2..t + 6].copy_from_slice(&(w.at as u32).to_le_bytes());
             b[t + 6..t + 10].copy_from_slice(&(w.len as u32).to_le_bytes());
-            b[t + 10] = w.data.is_some() as u8;
+            b[t + 10] = match w.data {
+                Logged::OnDrive => 0,
+                Logged::Here(_) => 1,
+                Logged::InSet => 2,
+            };
             t += WRITE;
         }
         put(&mut b, &e.partial);
-        for d in e.writes.iter().filter_map(|w| w.data.as_ref()) {
+        for d in e.writes.iter().filter_map(LogWrite::here) {
             put(&mut b, d);
         }
     }
@@ -215,7 +256,8 @@ pub fn decode(b: &[u8]) -> Option<(u64, Vec<LogEntry>)> {
         }
         let row = u64_at(b, t);
         let group = u16_at(b, t + 8) as usize;
-        let parity = b[t + 10] as usize;
+        let parity = (b[t + 10] & !ZERO_PARTIAL) as usize;
+        let zero = b[t + 10] & ZERO_PARTIAL != 0;
         let set = b[t + 11];
         let nw = u16_at(b, t + 12) as usize;
         let lo = u32_at(b, t + 14) as u64;
@@ -230,14 +272,23 @@ pub fn decode(b: &[u8]) -> Option<(u64, Vec<LogEntry>)> {
                 index: u16_at(b, t) as usize,
                 at: u32_at(b, t + 2) as u64,
                 len: u32_at(b, t + 6) as usize,
-                data: (b[t + 10] != 0).then(Vec::new),
+                data: match b[t + 10] {
+                    0 => Logged::OnDrive,
+                    1 => Logged::Here(Vec::new()),
+                    2 => Logged::InSet,
+                    _ => return None,
+                },
             });
             t += WRITE;
         }
-        let partial = take((hi - lo) as usize)?;
+        let partial = if zero {
+            Vec::new()
+        } else {
+            take((hi - lo) as usize)?
+        };
         for w in writes.iter_mut() {
-            if w.data.is_some() {
-                w.data = Some(take(w.len)?);
+            if let Logged::Here(d) = &mut w.data {
+                *d = take(w.len)?;
             }
         }
         out.push(LogEntry {
@@ -277,13 +328,19 @@ mod tests {
                         index: 0,
                         at: 4096,
                         len: 4096,
-                        data: None,
+                        data: Logged::OnDrive,
                     },
                     LogWrite {
                         index: 2,
                         at: 8192,
                         len: 4096,
-                        data: Some(vec![9; 4096]),
+                        data: Logged::Here(vec![9; 4096]),
+                    },
+                    LogWrite {
+                        index: 3,
+                        at: 4096,
+                        len: 8192,
+                        data: Logged::InSet,
                     },
                 ],
                 partial: (0..8192).map(|i| i as u8).collect(),
@@ -297,6 +354,21 @@ mod tests {
                 hi: 4096,
                 writes: vec![],
                 partial: vec![3; 4096],
+            },
+            LogEntry {
+                row: 11,
+                group: 0,
+                parity: 1,
+                set: 2,
+                lo: 0,
+                hi: 65536,
+                writes: vec![LogWrite {
+                    index: 1,
+                    at: 0,
+                    len: 65536,
+                    data: Logged::Here(vec![5; 65536]),
+                }],
+                partial: Vec::new(),
             },
         ]
     }
@@ -312,6 +384,28 @@ mod tests {
     #[test]
     fn too_big_is_refused() {
         assert!(encode(1, &sample(), 8192).is_none());
+    }
+
+    #[test]
+    fn a_zero_partial_parity_takes_no_room() {
+        let mut e = sample();
+        e.truncate(2);
+        let with = encode(1, &e, 1 << 20).unwrap().len();
+        e[1].partial.clear();
+        let without = encode(1, &e, 1 << 20).unwrap().len();
+        assert_eq!(with - without, 4096);
+        assert_eq!(decode(&encode(1, &e, 1 << 20).unwrap()), Some((1, e)));
+    }
+
+    #[test]
+    fn an_unknown_logged_byte_is_refused() {
+        let mut b = encode(42, &sample(), 1 << 20).unwrap().to_vec();
+        // The first entry's first write's logged byte.
+        b[HEAD + ENTRY + 10] = 3;
+        let (table, payload) = (u32_at(&b, 20) as usize, u64_at(&b, 24) as usize);
+        let crc = checksum(&b, table, 4096, payload);
+        b[32..36].copy_from_slice(&crc.to_le_bytes());
+        assert!(decode(&b).is_none());
     }
 
     #[test]

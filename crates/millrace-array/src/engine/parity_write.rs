@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use super::codes::add_share;
 use super::codes::{gen_parity, recover};
 use super::{Array, ArrayError, Piece, Result};
-use crate::ppl::{LogEntry, LogWrite};
+use crate::ppl::{LogEntry, LogWrite, Logged};
 use millrace_io::IoBuf;
 
 use crate::io::Op;
@@ -265,7 +265,9 @@ pub(super) fn compute(a: &Array, units: &mut [Unit], data: Srcs) {
     for u in units.iter_mut() {
         match u.plan {
             Plan::Full => {
-                u.partials = u.log.iter().map(|_| vec![0; u.span_len()]).collect();
+                // Every data strip's whole span is written: the partial parity is zero, and an
+                // empty one is logged as such (`crate::ppl`).
+                u.partials = u.log.iter().map(|_| Vec::new()).collect();
                 compute_full(u, data, np)
             }
             Plan::Rmw => {
@@ -416,17 +418,25 @@ fn log_records(a: &Array, units: &[Unit], data: Srcs, out: &[usize]) -> Records 
     let mut records: Vec<(usize, Vec<LogEntry>)> = Vec::new();
     for u in units.iter().filter(|u| !u.log.is_empty()) {
         stripes.push((u.row, u.group));
-        for (&j, partial) in u.log.iter().zip(&u.partials) {
+        // The writes whose member is out of service, numbered: the set's entries take turns
+        // holding their data, so each is logged once (recovery applies a set only whole).
+        let lost: Vec<usize> = (0..u.writes.len())
+            .filter(|&i| out.contains(&u.layout[u.writes[i].index]))
+            .collect();
+        for (n, (&j, partial)) in u.log.iter().zip(&u.partials).enumerate() {
             let writes = u
                 .writes
                 .iter()
-                .map(|w| LogWrite {
+                .enumerate()
+                .map(|(i, w)| LogWrite {
                     index: w.index,
                     at: w.at,
                     len: w.len,
-                    data: out
-                        .contains(&u.layout[w.index])
-                        .then(|| w.data(data).to_vec()),
+                    data: match lost.iter().position(|&l| l == i) {
+                        None => Logged::OnDrive,
+                        Some(p) if p % u.log.len() == n => Logged::Here(w.data(data).to_vec()),
+                        Some(_) => Logged::InSet,
+                    },
                 })
                 .collect();
             let e = LogEntry {

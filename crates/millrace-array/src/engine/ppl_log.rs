@@ -38,6 +38,8 @@ struct LogState {
     seq: u64,
     /// Flush generation: bumped as each flush starts.
     gen: u64,
+    /// Flushes started and not yet ended.
+    flushing: usize,
     /// Per member, per slot.
     slots: Vec<Vec<Slot>>,
     busy: usize,
@@ -94,6 +96,8 @@ pub(super) struct Log {
     freed: Condvar,
     /// Some member may hold a record not yet retired (a cheap check for the healthy path).
     pending: AtomicBool,
+    /// A request is flushing to free slots before they run out (`free_early`).
+    early: AtomicBool,
 }
 
 impl Log {
@@ -104,6 +108,7 @@ impl Log {
             state: Mutex::new(LogState {
                 seq: 1,
                 gen: 0,
+                flushing: 0,
                 slots: vec![vec![Slot::Free; n]; members],
                 busy: 0,
                 undurable: HashMap::new(),
@@ -113,6 +118,7 @@ impl Log {
             }),
             freed: Condvar::new(),
             pending: AtomicBool::new(false),
+            early: AtomicBool::new(false),
         }
     }
 
@@ -120,6 +126,7 @@ impl Log {
     pub(super) fn begin_flush(&self) -> u64 {
         let mut st = self.state.lock();
         st.gen += 1;
+        st.flushing += 1;
         st.gen - 1
     }
 
@@ -132,6 +139,7 @@ impl Log {
             }
         }
         st.undurable.retain(|_, d| *d > g);
+        st.flushing -= 1;
         drop(st);
         self.freed.notify_all();
     }
@@ -218,7 +226,26 @@ impl Array {
         }
         self.run(ops);
         self.release(&claim, stripes);
+        self.free_early(&claim);
         Ok(true)
+    }
+
+    /// Slots are freed only by a flush. Left until a member has none free, every request
+    /// logging on that member stalls on a flush at once (on the simulated 16-drive RAID6, one
+    /// stalled request in ten, a sixth of the write time); so once one of this request's
+    /// members is down to half its slots free, this request (alone: others go on) flushes
+    /// before it returns, while the member still has slots for the others.
+    fn free_early(&self, claim: &Claim) {
+        let st = self.log.state.lock();
+        let low = claim.slots.iter().any(|&(m, _)| {
+            let free = st.slots[m].iter().filter(|s| **s == Slot::Free).count();
+            free * 2 < st.slots[m].len()
+        });
+        drop(st);
+        if low && !self.log.early.swap(true, Ordering::AcqRel) {
+            let _ = self.flush();
+            self.log.early.store(false, Ordering::Release);
+        }
     }
 
     /// Takes a free slot on each holder, flushing first where a rule above asks for it. None:
@@ -251,6 +278,12 @@ impl Array {
                     Some(i) => free.push((*m, i)),
                     None => done |= st.slots[*m].iter().any(|s| matches!(s, Slot::Done(_))),
                 }
+            }
+            if !stale && free.len() < holders.len() && done && st.flushing > 0 {
+                // A flush under way frees the slots done before it began: wait for it rather
+                // than start one more (looking again after, and flushing if still short).
+                self.log.freed.wait(&mut st);
+                continue;
             }
             if stale || (free.len() < holders.len() && done) {
                 drop(st);

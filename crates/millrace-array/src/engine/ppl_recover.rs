@@ -12,7 +12,39 @@ use super::codes::{add_share, read_and_recover};
 use super::Array;
 use crate::aligned::AlignedBuf;
 use crate::io::Op;
-use crate::ppl::LogEntry;
+use crate::ppl::{LogEntry, LogWrite, Logged};
+
+/// One update of one stripe: (sequence number, row, group).
+type Update = (u64, u64, usize);
+/// The writes of an update whose data its entries hold, each with its place in the list.
+type Held<'a> = Vec<(usize, &'a LogWrite)>;
+
+/// Per update: which parities' entries were found (a set is applied only whole), and the new
+/// data it logged, whichever entry of its set holds it (the entries of a set list the same
+/// writes, so a write is known by its place in the list).
+fn sets(
+    records: &[(u64, usize, Vec<LogEntry>)],
+) -> (BTreeMap<Update, u8>, BTreeMap<Update, Held<'_>>) {
+    let mut found: BTreeMap<Update, u8> = BTreeMap::new();
+    let mut logged: BTreeMap<Update, Held<'_>> = BTreeMap::new();
+    for (seq, _, entries) in records {
+        for e in entries {
+            if e.parity < 8 {
+                *found.entry((*seq, e.row, e.group)).or_default() |= 1 << e.parity;
+            }
+            let held = e
+                .writes
+                .iter()
+                .enumerate()
+                .filter(|(_, w)| w.here().is_some());
+            logged
+                .entry((*seq, e.row, e.group))
+                .or_default()
+                .extend(held);
+        }
+    }
+    (found, logged)
+}
 
 impl Array {
     /// Every whole record on the members in service: (seq, holder member, entries).
@@ -63,21 +95,17 @@ impl Array {
         if records.is_empty() {
             return 0;
         }
-        // Which parities of each (update, stripe) were found: a set is applied only whole.
-        let mut found: BTreeMap<(u64, u64, usize), u8> = BTreeMap::new();
-        for (seq, _, entries) in &records {
-            for e in entries.iter().filter(|e| e.parity < 8) {
-                *found.entry((*seq, e.row, e.group)).or_default() |= 1 << e.parity;
-            }
-        }
+        let (found, logged) = sets(&records);
         let mut touched: BTreeMap<(u64, usize), Vec<usize>> = BTreeMap::new();
         let mut applied = 0;
         for (seq, holder, entries) in &records {
             for e in entries {
-                if found.get(&(*seq, e.row, e.group)) != Some(&e.set) {
+                let key = (*seq, e.row, e.group);
+                if found.get(&key) != Some(&e.set) {
                     continue;
                 }
-                if self.apply_entry(e, *holder) {
+                let in_set = logged.get(&key).map_or(&[][..], Vec::as_slice);
+                if self.apply_entry(e, *holder, in_set) {
                     applied += 1;
                     touched.entry((e.row, e.group)).or_default().push(e.parity);
                 }
@@ -103,38 +131,53 @@ impl Array {
             && e.group < geo.groups()
             && e.parity < np
             && e.hi <= geo.strip
-            && e.partial.len() as u64 == e.hi - e.lo
+            && (e.partial.is_empty() || e.partial.len() as u64 == e.hi - e.lo)
             && geo.group_layout(e.row, e.group)[k + e.parity] == holder
             && e.writes.iter().all(|w| {
                 w.index < k
                     && w.at >= e.lo
                     && w.at + w.len as u64 <= e.hi
-                    && w.data.as_ref().is_none_or(|d| d.len() == w.len)
+                    && w.here().is_none_or(|d| d.len() == w.len)
             })
     }
 
-    /// Recomputes one entry's parity and writes it (and the logged data) in place. Returns
-    /// whether it could: a written strip no longer readable leaves the stripe as it is.
-    fn apply_entry(&self, e: &LogEntry, holder: usize) -> bool {
+    /// Recomputes one entry's parity and writes it (and the data it logged) in place. `in_set`:
+    /// the writes its set logged the data of, by place in the list, for those this entry says
+    /// are in another entry. Returns whether it could: a written strip no longer readable
+    /// leaves the stripe as it is.
+    fn apply_entry(&self, e: &LogEntry, holder: usize, in_set: &[(usize, &LogWrite)]) -> bool {
         if !self.entry_fits(e, holder) {
             return false;
         }
         let layout = self.geo.group_layout(e.row, e.group);
         let k = self.geo.group_data();
-        let mut par = AlignedBuf::from_slice(&e.partial);
+        let mut par = if e.partial.is_empty() {
+            AlignedBuf::zeroed((e.hi - e.lo) as usize)
+        } else {
+            AlignedBuf::from_slice(&e.partial)
+        };
         let mut logged: Vec<(usize, u64, AlignedBuf)> = Vec::new();
-        for w in &e.writes {
+        for (i, w) in e.writes.iter().enumerate() {
             let m = layout[w.index];
             let off = self.member_offset(e.row, w.at);
             let at = (w.at - e.lo) as usize;
             let src = match &w.data {
-                Some(d) => {
+                Logged::Here(d) => {
                     let b = AlignedBuf::from_slice(d);
                     add_share(e.parity, w.index, &b, &mut par[at..at + w.len]);
                     logged.push((m, off, b));
                     continue;
                 }
-                None => {
+                Logged::InSet => {
+                    let same = |x: &&(usize, &LogWrite)| {
+                        x.0 == i && (x.1.index, x.1.at, x.1.len) == (w.index, w.at, w.len)
+                    };
+                    let Some(d) = in_set.iter().find(same).and_then(|x| x.1.here()) else {
+                        return false;
+                    };
+                    AlignedBuf::from_slice(d)
+                }
+                Logged::OnDrive => {
                     if !self.readable(m, e.row) {
                         return false;
                     }

@@ -148,6 +148,7 @@ impl Array {
                 // A flush that fails here fails again in the hook's commit, which reports it.
                 let _ = drives[i].flush();
             }
+            live.iter().for_each(|&i| drives[i].settle());
             hook(m, why);
             unlogged.end_record();
         };
