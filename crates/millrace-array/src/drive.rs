@@ -51,9 +51,10 @@ pub trait Drive: Send + Sync {
     }
     /// Blocks until the I/O this thread gave the drive has completed. A drive whose calls
     /// return on completion (every real one) has nothing to wait for. The bench's simulated
-    /// drives book an I/O's service time and return at once, so a pipeline stage that must
-    /// not run ahead of its own I/O (the rebuild's reader and writer threads) calls this after
-    /// each batch.
+    /// drives book an I/O's service time (flushes and FUA writes too) and return at once, so
+    /// whoever must not run ahead of its I/O calls this: the rebuild's reader and writer threads
+    /// after each batch, and whoever flushes or writes with FUA (`crate::io::execute`, the
+    /// bitmap, the failure record) before relying on it being durable.
     fn settle(&self) {}
 }
 

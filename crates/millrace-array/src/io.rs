@@ -158,12 +158,9 @@ pub fn execute(drives: &[Arc<dyn Drive>], ops: &mut [Op]) -> Vec<io::Result<()>>
         // Whatever must be durable when this returns is: a drive that only booked it (the
         // bench's simulated drives, so that a batch's flushes wait together as on a ring, not
         // one after another) waits for it here.
-        if let Some(op) = ops
-            .iter()
-            .find(|o| matches!(o.buf, OpBuf::Flush | OpBuf::WriteFua(_)))
-        {
-            drives[op.member].settle();
-        }
+        ops.iter()
+            .filter(|o| matches!(o.buf, OpBuf::Flush | OpBuf::WriteFua(_)))
+            .for_each(|o| drives[o.member].settle());
         return results;
     }
     // Without io_uring: one scoped thread per member, each running that member's ops in order.

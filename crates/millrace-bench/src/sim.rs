@@ -28,6 +28,11 @@ thread_local! {
     static DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
 }
 
+/// This thread's I/O now completes no earlier than `done`.
+fn raise_deadline(done: Instant) {
+    DEADLINE.with(|d| d.set(Some(d.get().map_or(done, |x| x.max(done)))));
+}
+
 /// Sleeps until every simulated I/O this thread issued has completed.
 pub fn wait() {
     if let Some(t) = DEADLINE.with(|d| d.take()) {
@@ -161,7 +166,7 @@ impl SimDrive {
 
     fn book(&self, len: usize) {
         let done = self.reserve(len);
-        DEADLINE.with(|d| d.set(Some(d.get().map_or(done, |x| x.max(done)))));
+        raise_deadline(done);
     }
 }
 
@@ -190,12 +195,12 @@ impl Drive for SimDrive {
             *f = start + self.flush_latency;
             *f
         };
-        DEADLINE.with(|d| d.set(Some(d.get().map_or(done, |x| x.max(done)))));
+        raise_deadline(done);
         Ok(())
     }
     fn write_fua_at(&self, buf: &[u8], _offset: u64) -> io::Result<()> {
         let done = self.reserve(buf.len()) + self.flush_latency;
-        DEADLINE.with(|d| d.set(Some(d.get().map_or(done, |x| x.max(done)))));
+        raise_deadline(done);
         Ok(())
     }
     fn settle(&self) {
