@@ -1,5 +1,6 @@
-//! Drive files in memory (tmpfs, ramfs) mapped into the process, so that a core's inline I/O on
-//! them is one memcpy instead of a pread or pwrite.
+//! Drive files in memory (tmpfs, ramfs) mapped into the process, so that a core's inline read
+//! of them is one memcpy instead of a pread. Writes still go by pwrite (see [`copy`]): a copy
+//! into the mapping cut short by a killed process would leave a sector torn.
 //!
 //! Why: even inline (`crate::inline`), a 4 KiB pread of a tmpfs file costs a system call, a
 //! page-cache lookup per page and LRU bookkeeping around the copy: 27% of the core in the 4K
@@ -219,21 +220,49 @@ pub(crate) unsafe fn copy(
             return None;
         }
     }
+    if !read {
+        // Writes go by pwrite, not through the mapping: a process killed in the middle of a
+        // memcpy leaves a sector part old and part new (glibc's memcpy even stores a copy's
+        // first bytes last), where the kernel copies a page at a time and stops only between
+        // pages, so every sector holds its old or its new content, as a drive promises
+        // (tests/failures.rs, killed_writers_lose_nothing_acknowledged, with members in
+        // /dev/shm). The pages are the mapping's own, so reads through it see the write.
+        // SAFETY: `buf..buf+len` is valid for reads (the caller's contract).
+        let src = unsafe { std::slice::from_raw_parts(buf.cast_const(), len) };
+        if !pwrite_all(fd, src, offset) {
+            return None;
+        }
+        known.wrote(offset, len);
+        return Some(len as i64);
+    }
     let at = (base + start) as *mut u8;
     // The drive file is this process's alone (FileDrive opens members for exclusive use), so
     // nothing writes these pages while we copy.
-    if read {
-        std::ptr::copy_nonoverlapping(at, buf, len);
-    } else {
-        std::ptr::copy_nonoverlapping(buf, at, len);
-    }
+    std::ptr::copy_nonoverlapping(at, buf, len);
     if s.broken.load(Ordering::SeqCst) {
         return None;
     }
-    if !read {
-        known.wrote(offset, len);
-    }
     Some(len as i64)
+}
+
+/// Writes all of `buf` at `offset`; false on an error (the caller's own pwrite then reports
+/// it).
+fn pwrite_all(fd: RawFd, mut buf: &[u8], mut offset: u64) -> bool {
+    while !buf.is_empty() {
+        let Ok(off) = libc::off_t::try_from(offset) else {
+            return false;
+        };
+        // SAFETY: `buf` is a valid slice for its length.
+        let n = unsafe { libc::pwrite(fd, buf.as_ptr().cast(), buf.len(), off) };
+        match usize::try_from(n) {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => {
+                buf = &buf[n..];
+                offset += n as u64;
+            }
+        }
+    }
+    true
 }
 
 /// Reads `buf.len()` bytes at `offset` of `fd` through its mapping; false: not done (read it
@@ -243,7 +272,8 @@ pub fn read_into(fd: RawFd, offset: u64, buf: &mut [u8]) -> bool {
     unsafe { copy(fd, offset, buf.as_mut_ptr(), buf.len(), true) }.is_some()
 }
 
-/// Writes `buf` at `offset` of `fd` through its mapping; false: not done (write it with
+/// Writes `buf` at `offset` of a mapped `fd` (by pwrite, see [`copy`]) and notes the chunks it
+/// filled, so later reads of them go through the mapping; false: not done (write it with
 /// pwrite).
 pub fn write_from(fd: RawFd, offset: u64, buf: &[u8]) -> bool {
     // SAFETY: `buf` is a slice of its length, only read (the copy goes the other way).
@@ -398,7 +428,7 @@ mod tests {
         );
         assert_eq!(blocks(&f), 0, "nothing was allocated by reading");
         let data = vec![7u8; 64 * 1024];
-        assert!(write_from(fd, 0, &data), "writes go through the mapping");
+        assert!(write_from(fd, 0, &data), "a write of a mapped file is done");
         assert!(
             read_into(fd, 4096, &mut buf),
             "what a write filled reads through the mapping"
