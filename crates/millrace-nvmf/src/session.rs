@@ -129,6 +129,15 @@ impl Session {
         }
     }
 
+    /// Whether [`Session::closing`] has fired, without a clone of the token (a transport asks
+    /// this per command).
+    pub fn is_closing(&self) -> bool {
+        match &self.q {
+            Some(q) => q.ctrl.dead.is_cancelled(),
+            None => self.t.shutdown.is_cancelled(),
+        }
+    }
+
     /// The pool this queue's data buffers come from.
     pub fn pool(&self) -> &BufPool {
         &self.pool

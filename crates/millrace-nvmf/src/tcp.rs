@@ -11,17 +11,19 @@ use crate::gather::{Fmt, Gather};
 use crate::io_commands::IoDone;
 use crate::model::Inner;
 use crate::pdu::{
-    self, encode, read_data, read_head, DataHdr, Frame, Head, IcResp, Negotiated, PduError, R2t,
-    ReadError, Side,
+    self, encode, read_data, read_head, read_head_into, DataHdr, Frame, Head, IcResp, Negotiated,
+    PduError, R2t, ReadError, Side,
 };
 use crate::session::{Action, Session};
 use millrace_io::share::Held;
 use millrace_io::IoBuf;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -122,6 +124,8 @@ struct Conn {
     whole: bool,
     /// Before this the queue must be connected (ICReq and Connect), or it is closed.
     handshake_deadline: Instant,
+    /// The header of the PDU being handled, in a buffer kept for the next.
+    head_buf: Vec<u8>,
 }
 
 pub(crate) async fn serve_connection(
@@ -135,21 +139,8 @@ pub(crate) async fn serve_connection(
     let (rd, mut wr) = sock.into_split();
     let mut rd = BufReader::with_capacity(64 * 1024, rd);
     let handshake_deadline = Instant::now() + t.cfg.handshake_timeout;
-    let ic = tokio::time::timeout_at(
-        handshake_deadline,
-        read_head(&mut rd, Side::Controller, &Negotiated::initial()),
-    )
-    .await;
-    let ic = match ic {
-        Ok(Ok((Head::IcReq(r), _, _))) => r,
-        Ok(Err(ReadError::Pdu(e))) => {
-            t.counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(%peer, "closing a connection whose first PDU was refused: {e}");
-            let (fes, fei) = e.fes_fei();
-            let _ = wr.write_all(&term(fes, fei, &[])).await;
-            return;
-        }
-        _ => return,
+    let Some(ic) = ic_req(&t, &mut rd, &mut wr, peer, handshake_deadline).await else {
+        return;
     };
     if ic.hpda > 31 {
         let _ = wr
@@ -213,6 +204,7 @@ pub(crate) async fn serve_connection(
         closing: false,
         whole: false,
         handshake_deadline,
+        head_buf: Vec::new(),
     };
     let stop = c.run().await;
     if let Stop::Fatal(e, hdr) = stop {
@@ -223,6 +215,30 @@ pub(crate) async fn serve_connection(
     }
     drop(c);
     let _ = writer.await;
+}
+
+/// The connection's first PDU, which must be an ICReq before the handshake deadline; a PDU
+/// refused is answered with a C2HTermReq, and None closes the connection.
+async fn ic_req(
+    t: &Inner,
+    rd: &mut BufReader<OwnedReadHalf>,
+    wr: &mut OwnedWriteHalf,
+    peer: SocketAddr,
+    deadline: Instant,
+) -> Option<pdu::IcReq> {
+    let initial = Negotiated::initial();
+    let first = read_head(rd, Side::Controller, &initial);
+    match tokio::time::timeout_at(deadline, first).await {
+        Ok(Ok((Head::IcReq(r), _, _))) => Some(r),
+        Ok(Err(ReadError::Pdu(e))) => {
+            t.counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(%peer, "closing a connection whose first PDU was refused: {e}");
+            let (fes, fei) = e.fes_fei();
+            let _ = wr.write_all(&term(fes, fei, &[])).await;
+            None
+        }
+        _ => None,
+    }
 }
 
 /// Whether `buffered` begins with a whole PDU (its common header's PDU length, header, data and
@@ -313,11 +329,17 @@ impl Conn {
                 return Stop::Quiet;
             }
             let reads = self.rd.buffer().is_empty();
-            let dead = self.session.closing();
-            tokio::select! {
-                _ = dead.cancelled() => return Stop::Quiet,
-                r = self.next_pdu_begins() => if let Err(s) = r { return s },
-            };
+            if reads {
+                let dead = self.session.closing();
+                tokio::select! {
+                    _ = dead.cancelled() => return Stop::Quiet,
+                    r = self.next_pdu_begins() => if let Err(s) = r { return s },
+                };
+            } else if self.session.is_closing() {
+                // The next PDU is here already: a look at the token costs less than waiting
+                // on a clone of it per command.
+                return Stop::Quiet;
+            }
             self.whole = whole_pdu(self.rd.buffer());
             // A read from the socket (for this PDU's first bytes or for its rest) restarts the
             // keep-alive timer: once per read, not per command (the clock costs more than the
@@ -325,12 +347,11 @@ impl Conn {
             if reads || !self.whole {
                 self.session.alive();
             }
+            let buf = std::mem::take(&mut self.head_buf);
+            let head = read_head_into(&mut self.rd, Side::Controller, &self.neg, buf);
             let r = match self.whole {
-                true => Ok(read_head(&mut self.rd, Side::Controller, &self.neg).await),
-                false => {
-                    let r = read_head(&mut self.rd, Side::Controller, &self.neg);
-                    tokio::time::timeout(self.t.cfg.pdu_timeout, r).await
-                }
+                true => Ok(head.await),
+                false => tokio::time::timeout(self.t.cfg.pdu_timeout, head).await,
             };
             let (head, f, raw) = match r {
                 Ok(Ok(x)) => x,
@@ -339,14 +360,15 @@ impl Conn {
                 Err(_) => return self.timed_out("the rest of a PDU's header"),
             };
             let step = match head {
-                Head::Cmd(sqe) => self.capsule(sqe, &f, raw).await,
-                Head::H2CData(d) => self.h2c_data(d, &f, raw).await,
+                Head::Cmd(sqe) => self.capsule(sqe, &f, &raw).await,
+                Head::H2CData(d) => self.h2c_data(d, &f, &raw).await,
                 Head::TermReq { fes, fei, .. } => {
                     tracing::info!(peer = %self.peer, fes, fei, "the host ended the connection with a termination request");
                     return Stop::Quiet;
                 }
-                _ => Err(Stop::Fatal(PduError::Sequence(f.ch.pdu_type), raw)),
+                _ => Err(Stop::Fatal(PduError::Sequence(f.ch.pdu_type), raw.clone())),
             };
+            self.head_buf = raw;
             if let Err(s) = step {
                 return s;
             }
@@ -398,11 +420,14 @@ impl Conn {
         }
     }
 
-    async fn capsule(&mut self, sqe: Sqe, f: &Frame, raw: Vec<u8>) -> Result<(), Stop> {
+    async fn capsule(&mut self, sqe: Sqe, f: &Frame, raw: &[u8]) -> Result<(), Stop> {
         self.session.counted();
         let limit = self.in_capsule_limit();
         if f.data_len > limit {
-            return Err(Stop::Fatal(PduError::TooLarge(f.data_len as u64), raw));
+            return Err(Stop::Fatal(
+                PduError::TooLarge(f.data_len as u64),
+                raw.to_vec(),
+            ));
         }
         let (mut icd, held) = self.in_capsule_buffer(f.data_len).await?;
         let digest_ok = match icd.as_mut() {
@@ -414,7 +439,7 @@ impl Conn {
             // The host ignored the queue size it asked for: nothing sane can follow.
             return Err(Stop::Fatal(
                 PduError::Sequence(pdu::pdu_type::CAPSULE_CMD),
-                raw,
+                raw.to_vec(),
             ));
         }
         if self.session.is_connected() {
@@ -580,20 +605,23 @@ impl Conn {
         Ok(())
     }
 
-    async fn h2c_data(&mut self, d: DataHdr, f: &Frame, raw: Vec<u8>) -> Result<(), Stop> {
+    async fn h2c_data(&mut self, d: DataHdr, f: &Frame, raw: &[u8]) -> Result<(), Stop> {
         if f.data_len > self.maxh2cdata {
-            return Err(Stop::Fatal(PduError::TooLarge(f.data_len as u64), raw));
+            return Err(Stop::Fatal(
+                PduError::TooLarge(f.data_len as u64),
+                raw.to_vec(),
+            ));
         }
         let Some(mut p) = self.pending.lock().remove(&d.ttag) else {
-            return Err(Stop::Fatal(PduError::InvalidField(10), raw));
+            return Err(Stop::Fatal(PduError::InvalidField(10), raw.to_vec()));
         };
         if p.sqe.cid() != d.cccid {
-            return Err(Stop::Fatal(PduError::InvalidField(8), raw));
+            return Err(Stop::Fatal(PduError::InvalidField(8), raw.to_vec()));
         }
         // Data must arrive in order and inside the R2T's range.
         let off = d.datao as usize;
         if off != p.received || off + f.data_len > p.buf.len() {
-            return Err(Stop::Fatal(PduError::OutOfRange, raw));
+            return Err(Stop::Fatal(PduError::OutOfRange, raw.to_vec()));
         }
         let ok = match self.data(f, &mut p.buf[off..off + f.data_len]).await {
             Ok(ok) => ok,
@@ -606,7 +634,7 @@ impl Conn {
         p.received += f.data_len;
         let complete = p.received == p.buf.len();
         if d.last != complete {
-            return Err(Stop::Fatal(PduError::OutOfRange, raw));
+            return Err(Stop::Fatal(PduError::OutOfRange, raw.to_vec()));
         }
         if !complete {
             self.pending.lock().insert(d.ttag, p);
@@ -653,14 +681,23 @@ impl Conn {
             }
             Action::Io(job) => {
                 let reply = self.reply.clone();
-                // A task of this core: the device's completion wakes it here.
-                tokio::spawn(async move {
+                let mut run = Box::pin(async move {
                     let _held = held;
                     match job.run().await {
                         IoDone::Status(st) => reply.done(cid, st, 0).await,
                         IoDone::Read { data, held } => reply.data(cid, data, held).await,
                     }
                 });
+                // Its first step runs here: on members in memory most commands end in it, and
+                // a task each cost a scheduling round per command and split the writer's
+                // batches (a reply sent from here joins the batch of this socket read). One
+                // that must wait goes on in a task of this core, which the device's completion
+                // wakes (a waker it left for this reader is replaced at the task's first poll;
+                // if it fires first, the reader only wakes once for nothing).
+                let first = std::future::poll_fn(|cx| Poll::Ready(run.as_mut().poll(cx))).await;
+                if first.is_pending() {
+                    tokio::spawn(run);
+                }
             }
         }
     }

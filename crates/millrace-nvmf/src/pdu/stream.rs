@@ -15,12 +15,24 @@ pub async fn read_head<R: AsyncRead + Unpin>(
     side: Side,
     neg: &Negotiated,
 ) -> Result<(Head, Frame, Vec<u8>), ReadError> {
+    read_head_into(r, side, neg, Vec::new()).await
+}
+
+/// [`read_head`] into `h`, a buffer handed back with the header in it (a target reading PDU
+/// after PDU reuses one instead of allocating one per PDU).
+pub async fn read_head_into<R: AsyncRead + Unpin>(
+    r: &mut R,
+    side: Side,
+    neg: &Negotiated,
+    mut h: Vec<u8>,
+) -> Result<(Head, Frame, Vec<u8>), ReadError> {
     let mut chb = [0u8; CH_LEN];
     r.read_exact(&mut chb).await?;
     let ch = Ch::decode(&chb);
     let f = frame(&ch, side, neg)?;
     // Bounded: at most 128 header bytes, a digest and 255 bytes of padding.
-    let mut h = vec![0u8; f.head_len()];
+    h.clear();
+    h.resize(f.head_len(), 0);
     h[..CH_LEN].copy_from_slice(&chb);
     r.read_exact(&mut h[CH_LEN..]).await?;
     if f.hdgst && digest(&h[..f.hlen()]) != le32(&h, f.hlen()) {
