@@ -11,6 +11,22 @@ use crate::aligned::AlignedBuf;
 use crate::io::Op;
 use crate::superblock::MemberState;
 
+/// The nice value of the rebuild pipeline's reader and writer threads, below the default. They
+/// mostly wait on drives and hand work on, so they take little CPU; but when one wakes while
+/// the computation and other work hold every core, the scheduler let it wait for a time slice
+/// (about 5 ms, in 100 of 240 windows of an idle rebuild on two cores) and the drives idled
+/// meanwhile: at -10 the simulated 16-drive rebuild went from 0.81-0.82 to 0.89 of the new
+/// drive's rate (docs/PERFORMANCE.md).
+const IO_THREAD_NICE: i32 = -10;
+
+/// Gives this thread [`IO_THREAD_NICE`] where the process may (CAP_SYS_NICE or RLIMIT_NICE);
+/// elsewhere it keeps the default priority, as before.
+fn favour_this_thread() {
+    // SAFETY: setpriority takes plain values; on Linux PRIO_PROCESS with 0 names the calling
+    // thread alone.
+    let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, IO_THREAD_NICE) };
+}
+
 impl Array {
     /// Members being rebuilt whose checkpoint has not passed `row`.
     fn rebuild_targets(&self, row: u64) -> Vec<usize> {
@@ -206,6 +222,7 @@ impl Array {
         give: Sender<Loaded<'a>>,
         spent: Receiver<Vec<AlignedBuf>>,
     ) {
+        favour_this_thread();
         for (first, count) in asked {
             crate::aligned::recycle(spent.try_iter().flatten());
             let loaded = self.load_window(first, count);
@@ -224,6 +241,7 @@ impl Array {
         wrote: Sender<Result<u64>>,
         spent_to: Sender<Vec<AlignedBuf>>,
     ) {
+        favour_this_thread();
         for c in to_write {
             let end = c.first + c.count;
             let mut spent = Vec::new();
