@@ -53,11 +53,12 @@ declare -A mr_iops mr_cpu sp_iops sp_cpu
 # one side: PORT NQN PID NAME (fills NAME_iops / NAME_cpu)
 measure() {
     local port=$1 nqn=$2 pid=$3 side=$4
-    run_perf "$port" "$nqn" write 1048576 8 "$(( member_mib * 4 / 400 + 3 ))" >/dev/null # fill
+    local pass=$(( member_mib * 4 / 400 + 3 )) # seconds to go over the volume once
+    run_perf "$port" "$nqn" write 1048576 8 "$pass" >/dev/null # fill
     # ... and read once: Millrace reads member files in memory through a mapping whose page
     # table a running server has filled, and a fresh one fills on each page's first read (the
     # fill's writes go by pwrite, which leaves it empty); SPDK's malloc bdevs start filled.
-    run_perf "$port" "$nqn" read 1048576 8 "$(( member_mib * 4 / 400 + 3 ))" >/dev/null
+    run_perf "$port" "$nqn" read 1048576 8 "$pass" >/dev/null
     for row in "${rows[@]}"; do
         read -r w bs qd <<<"$row"
         run_perf "$port" "$nqn" "$w" "$bs" "$qd" 2 >/dev/null # warm

@@ -226,7 +226,7 @@ impl Drive for FileDrive {
     }
     /// RWF_DSYNC: the kernel sends an O_DIRECT write to an NVMe drive as a FUA write, and
     /// syncs just this range of a buffered file. A file in memory has nothing to sync: its
-    /// write through the mapping is as durable as its pwrite would be.
+    /// plain pwrite (`mapped::write_from`) is durable once it returns.
     fn write_fua_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         if self.mapping.is_some() && millrace_io::mapped::write_from(self.fd(), offset, buf) {
             return Ok(());

@@ -225,8 +225,8 @@ pub(crate) unsafe fn copy(
         // memcpy leaves a sector part old and part new (glibc's memcpy even stores a copy's
         // first bytes last), where the kernel copies a page at a time and stops only between
         // pages, so every sector holds its old or its new content, as a drive promises
-        // (tests/failures.rs, killed_writers_lose_nothing_acknowledged, with members in
-        // /dev/shm). The pages are the mapping's own, so reads through it see the write.
+        // (crates/millrace-cli/tests/failures.rs, killed_writers_on_memory_files_tear_no_sector).
+        // The pages are the mapping's own, so reads through it see the write.
         // SAFETY: `buf..buf+len` is valid for reads (the caller's contract).
         let src = unsafe { std::slice::from_raw_parts(buf.cast_const(), len) };
         if !pwrite_all(fd, src, offset) {
@@ -246,7 +246,7 @@ pub(crate) unsafe fn copy(
 }
 
 /// Writes all of `buf` at `offset`; false on an error (the caller's own pwrite then reports
-/// it).
+/// it). The same loop as `ring`'s whole transfers, which this module, below `ring`, cannot call.
 fn pwrite_all(fd: RawFd, mut buf: &[u8], mut offset: u64) -> bool {
     while !buf.is_empty() {
         let Ok(off) = libc::off_t::try_from(offset) else {

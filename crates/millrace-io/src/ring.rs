@@ -358,7 +358,8 @@ pub struct RingStats {
     pub reaps: AtomicU64,
     /// Operations on files in memory that this core ran inline instead (`crate::inline`).
     pub inline: AtomicU64,
-    /// Of those, the ones that were a copy through the file's mapping (`crate::mapped`).
+    /// Of those, the ones run by `crate::mapped`: a read as a copy through the file's mapping,
+    /// a write as a pwrite that notes the chunks it filled.
     pub mapped: AtomicU64,
 }
 
@@ -413,13 +414,13 @@ fn run_inline(ops: &[MemberOp], state: &BatchState) -> bool {
     })
 }
 
-/// A read or write of a mapped file in memory as one copy (`crate::mapped`); None: run it by
-/// pread/pwrite.
+/// A read or write of a mapped file in memory by `crate::mapped` (a read one copy through the
+/// mapping); None: run it by pread/pwrite.
 fn run_mapped(op: &MemberOp) -> Option<i64> {
     let (b, r) = op.buf.as_ref()?;
     let read = match op.kind {
         OpKind::Read => true,
-        // A FUA write of a file in memory is durable once copied, as its pwrite would be.
+        // A FUA write of a file in memory is durable once its pwrite returns.
         OpKind::Write { .. } => false,
         OpKind::Fsync => return None,
     };
