@@ -21,6 +21,8 @@ pub(crate) enum Home {
     },
     /// A heap allocation of `cap` bytes (a standalone buffer).
     Heap,
+    /// A heap scratch buffer that goes back to the dropping thread's keep (`crate::kept`).
+    Kept,
 }
 
 /// An owned I/O buffer: Send, derefs to `[u8]` of its current length, which may be set to
@@ -48,7 +50,8 @@ impl IoBuf {
     }
 
     /// A zeroed buffer of `len` bytes outside any pool, for tests, the CLI and other paths that
-    /// are not bounded by the pool (it allocates; the data path never calls it).
+    /// are not bounded by the pool (it allocates and zeroes; the data path's own bytes come from
+    /// [`crate::scratch`] instead).
     pub fn standalone(len: usize) -> IoBuf {
         let cap = len.div_ceil(ALIGN).max(1) * ALIGN;
         let layout = Layout::from_size_align(cap, ALIGN).expect("buffer size overflows");
@@ -129,6 +132,7 @@ impl Drop for IoBuf {
                 page,
                 order,
             } => pool.give_back(*slice, *page, *order),
+            Home::Kept => crate::kept::give_back(self.ptr, self.cap),
             Home::Heap => {
                 // SAFETY: allocated in `standalone` with this very layout.
                 unsafe {

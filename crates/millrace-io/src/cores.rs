@@ -94,6 +94,7 @@ fn core_main(
 ) {
     CURRENT.with(|c| c.set(Some(i)));
     crate::pool::set_thread_slice(i);
+    crate::scratch::set_thread_pool(cfg.pool.clone());
     if let Some(cpus) = cfg.cpus.as_ref().filter(|c| !c.is_empty()) {
         pin_to(cpus[i % cpus.len()]);
     }

@@ -7,6 +7,8 @@
 //!   copy per request.
 //! - [`Cores`]: one thread per core, each a tokio current-thread runtime whose connections,
 //!   io_uring and pool slice belong to it alone; [`Cores::spawn_on`] places a connection.
+//! - [`scratch`]: buffers for the engine's own bytes (parity, old data), from the core's pool
+//!   slice or recycled per thread, never allocated and zeroed per request.
 //! - [`ring`]: batches of member I/O submitted to the current core's io_uring and completed
 //!   there, sound against dropped futures; synchronous where no core runs.
 //!
@@ -24,14 +26,17 @@ pub mod buf;
 pub mod cores;
 mod filled;
 pub mod inline;
+mod kept;
 pub mod mapped;
 pub mod pool;
 mod region;
 pub mod ring;
+mod scratch;
 pub mod share;
 
 pub use buf::{IoBuf, ALIGN};
 pub use cores::{current_core, CoreTask, Cores, CoresConfig};
 pub use pool::{BufPool, PoolConfig, PoolUsage};
 pub use ring::{on_ring, Batch, OpKind, SharedBuf};
+pub use scratch::scratch;
 pub use share::{Share, Shares};

@@ -296,7 +296,7 @@ impl Array {
         let (strip, k, np) = (geo.strip as usize, geo.group_data(), geo.level.parity());
         let fs = geo.full_stripe_bytes() as usize;
         let rows = data.len() / fs;
-        let mut par = IoBuf::standalone(rows * geo.groups() * np * strip);
+        let mut par = millrace_io::scratch(rows * geo.groups() * np * strip);
         for r in 0..rows {
             for g in 0..geo.groups() {
                 let at = r * fs + g * k * strip;

@@ -194,13 +194,13 @@ pub(super) fn plan(a: &Array, u: &mut Unit) -> Result<()> {
         .collect();
     u.span = needs
         .into_iter()
-        .map(|need| need.then(|| IoBuf::standalone(span)))
+        .map(|need| need.then(|| millrace_io::scratch(span)))
         .collect();
     if matches!(u.plan, Plan::Rmw) {
         u.old = u
             .writes
             .iter()
-            .map(|w| Some(IoBuf::standalone(w.len)))
+            .map(|w| Some(millrace_io::scratch(w.len)))
             .collect();
     }
     Ok(())
