@@ -1,15 +1,19 @@
 //! One connection, on the core it was placed on: the handshake, then the transmission phase.
 //! The reader loop parses requests; each takes one buffer from the server's pool (the global
 //! bound on payload memory), a write's payload is received straight into it, and the request
-//! then runs as a task of its own on this core (`spawn_local`), so many are in flight at once
-//! and replies leave in completion order. What one connection and one client may hold is
+//! then runs in the reader as far as it can without waiting, and as a task of its own on this
+//! core (`spawn_local`) if it must wait, so many are in flight at once and replies leave in
+//! completion order. What one connection and one client may hold is
 //! bounded (requests in flight, payload bytes), and a payload or a reply that stalls is timed
 //! out, which closes the connection and gives its buffers back.
 
+use std::cell::{Cell, RefCell};
+use std::future::Future;
 use std::io;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::task::Poll;
 
 use millrace_io::share::charge;
 use millrace_io::{BufPool, IoBuf, Share};
@@ -20,7 +24,7 @@ use tracing::{debug, info, warn};
 use crate::datapath::client_key;
 use crate::handshake::{negotiate, Session};
 use crate::proto::*;
-use crate::request::{check, run, send_error, Shared};
+use crate::request::{check, flush, run, send_error, Shared, BATCH_MAX};
 use crate::{Admitted, Counters, Inner, Peer};
 
 /// Releases the connection's place in the open-connection counts when it ends, however it ends.
@@ -92,6 +96,8 @@ pub(crate) async fn serve<R, W>(
         broken: watch::channel(false).0,
         timeout: inner.limits.payload_timeout,
         peer,
+        batch: RefCell::new(Vec::new()),
+        corked: Cell::new(false),
     });
     transmit(r, &sh, &session, &pool, max_payload).await;
     info!(export = %session.entry.export.name, "NBD: {peer} disconnected");
@@ -177,6 +183,11 @@ async fn transmit<R, W>(
     let peer = sh.peer;
 
     loop {
+        // Batched replies leave before the reader waits for the client, which may be waiting
+        // for them.
+        if r.buffer().len() < REQUEST_LEN && flush(sh).await.is_err() {
+            break;
+        }
         let mut hb = [0u8; REQUEST_LEN];
         // Reading a header is not cancel-safe, but every other branch ends the connection.
         let got = tokio::select! {
@@ -217,16 +228,30 @@ async fn transmit<R, W>(
         match next(&mut r, sh, s, &req, &bounds, pool, max_payload).await {
             Ok(None) => continue,
             Ok(Some((held, buf))) => {
-                let (sh, dev) = (sh.clone(), dev.clone());
-                tokio::task::spawn_local(async move {
-                    run(&sh, dev.as_ref(), req, buf).await;
+                let (shared, dev) = (sh.clone(), dev.clone());
+                let mut task = Box::pin(async move {
+                    run(&shared, dev.as_ref(), req, buf).await;
                     drop(held);
                 });
+                // Its first step runs here: on members in memory most requests end in it, and a
+                // task each cost a scheduling round per request. One that must wait goes on in a
+                // task of this core, which its device completion or the socket wakes (a waker it
+                // left for this reader is replaced at the task's first poll).
+                sh.corked.set(true);
+                let first = std::future::poll_fn(|cx| Poll::Ready(task.as_mut().poll(cx))).await;
+                sh.corked.set(false);
+                if first.is_pending() {
+                    tokio::task::spawn_local(task);
+                }
+                if sh.batch.borrow().len() >= BATCH_MAX && flush(sh).await.is_err() {
+                    break;
+                }
             }
             Err(Stop::Drain) => break,
         }
     }
     // The protocol asks us to finish what is in flight before closing.
+    let _ = flush(sh).await;
     let _all = bounds.slots.acquire_many(bounds.max_slots).await;
     let _ = sh.w.lock().await.shutdown().await;
 }
@@ -284,6 +309,9 @@ where
         }
     };
     if payload > 0 {
+        if r.buffer().len() < payload as usize && flush(sh).await.is_err() {
+            return Err(Stop::Drain);
+        }
         let limit = sh.timeout;
         match tokio::time::timeout(limit, r.read_exact(&mut buf[..])).await {
             Ok(Ok(_)) => {}

@@ -4,6 +4,7 @@
 //! and the pool buffer the device filled, sent with one vectored write: the data is never
 //! copied behind a header.
 
+use std::cell::{Cell, RefCell};
 use std::io::{self, IoSlice};
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,7 +32,18 @@ pub(crate) struct Shared<W> {
     /// How long the client has to take one reply.
     pub timeout: Duration,
     pub peer: crate::Peer,
+    /// Replies of requests run in the reader while more requests wait in its buffer, sent
+    /// together (`flush`) before the reader next waits for the socket: one send and one wake-up
+    /// of the client per batch instead of per reply.
+    pub batch: RefCell<Vec<u8>>,
+    /// Whether replies go to `batch` now (set by the reader around each request it runs).
+    pub corked: Cell<bool>,
 }
+
+/// Replies at most this large join a batch; larger ones are sent on their own.
+const BATCH_REPLY_MAX: usize = 16 << 10;
+/// A batch this large is sent before the reader runs the next request.
+pub(crate) const BATCH_MAX: usize = 256 << 10;
 
 /// Refuses what must not reach the device: unknown commands and flags, payloads larger than
 /// the pool's largest buffer, ranges past the end, writes to a read-only export. Errors follow
@@ -321,11 +333,50 @@ pub(crate) async fn send<W: AsyncWrite + Unpin>(
     if *sh.broken.borrow() {
         return Err(closing());
     }
+    if sh.corked.get() && head.len() + data.len() <= BATCH_REPLY_MAX {
+        let mut b = sh.batch.borrow_mut();
+        b.extend_from_slice(head);
+        b.extend_from_slice(data);
+        return Ok(());
+    }
     let mut w = sh.w.lock().await;
     if *sh.broken.borrow() {
         return Err(closing());
     }
-    let r = match tokio::time::timeout(sh.timeout, write_two(&mut *w, head, data)).await {
+    write_timed(sh, &mut *w, head, data).await
+}
+
+/// Sends the batched replies, if any (see `Shared::batch`).
+pub(crate) async fn flush<W: AsyncWrite + Unpin>(sh: &Shared<W>) -> io::Result<()> {
+    if sh.batch.borrow().is_empty() {
+        return Ok(());
+    }
+    let mut w = sh.w.lock().await;
+    let out = std::mem::take(&mut *sh.batch.borrow_mut());
+    if *sh.broken.borrow() {
+        return Err(io::Error::new(
+            io::ErrorKind::BrokenPipe,
+            "the connection is closing",
+        ));
+    }
+    let r = write_timed(sh, &mut *w, &out, &[]).await;
+    // The batch's memory is kept for the next one.
+    let mut b = sh.batch.borrow_mut();
+    if b.is_empty() {
+        *b = out;
+        b.clear();
+    }
+    r
+}
+
+/// Writes `head` then `data` within the connection's timeout; a failure marks it broken.
+async fn write_timed<W: AsyncWrite + Unpin>(
+    sh: &Shared<W>,
+    w: &mut W,
+    head: &[u8],
+    data: &[u8],
+) -> io::Result<()> {
+    let r = match tokio::time::timeout(sh.timeout, write_two(w, head, data)).await {
         Ok(r) => r,
         Err(_) => Err(io::Error::new(
             io::ErrorKind::TimedOut,
