@@ -2,11 +2,13 @@
 # NVMe/TCP: Millrace's target against SPDK's nvmf_tgt (issue #15), the same initiator for both
 # (SPDK's spdk_nvme_perf), each target pinned to CPU 0 and the initiator to CPU 1, over loopback.
 # Millrace serves a RAID0 volume over 4 drive files in /dev/shm (64 KiB strips); SPDK serves a
-# RAID0 bdev over 4 malloc bdevs of the same size (64 KiB strips). Rows: 4K random read and write
-# at QD64, 128K sequential read and write at QD16; then Millrace's RAID6 over 6 members against
-# RAID0 over the same 6 for 128K sequential writes. Each row: IOPS, the ratio, and the targets'
-# CPU microseconds per I/O (SPDK's reactor polls: its core is busy all the run, so its CPU per
-# I/O is the run's length over its I/Os).
+# RAID0 bdev over 4 malloc bdevs of the same size (64 KiB strips), and again over 4 AIO bdevs on
+# files in /dev/shm: the same kind of member as Millrace's, whose writes cost the kernel's
+# page-cache write where a malloc bdev's are a copy (PEERS=malloc or PEERS=files runs one).
+# Rows: 4K random read and write at QD64, 128K sequential read and write at QD16; then Millrace's
+# RAID6 over 6 members against RAID0 over the same 6 for 128K sequential writes. Each row: IOPS,
+# the ratios, and the targets' CPU microseconds per I/O (SPDK's reactor polls: its core is busy
+# all the run, so its CPU per I/O is the run's length over its I/Os).
 #
 # SPDK is not packaged and this project does not build it: point SPDK_DIR at a built SPDK v24.01
 # tree (build/bin/nvmf_tgt, build/bin/spdk_nvme_perf, scripts/rpc.py). Without it this script says
@@ -18,6 +20,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-10}
 member_mib=${MEMBER_MIB:-512}
 spdk=${SPDK_DIR:-}
+peers=${PEERS:-malloc files}
 if [[ -z $spdk || ! -x $spdk/build/bin/nvmf_tgt || ! -x $spdk/build/bin/spdk_nvme_perf ]]; then
     echo "SPDK is not here: set SPDK_DIR to a built SPDK v24.01 tree (with build/bin/nvmf_tgt and" >&2
     echo "build/bin/spdk_nvme_perf). It is the peer and the common initiator, so this benchmark is skipped." >&2
@@ -32,6 +35,7 @@ tgt=
 cleanup() {
     stop_millrace
     [[ -n $tgt ]] && kill "$tgt" 2>/dev/null && wait "$tgt" 2>/dev/null
+    rm -f /dev/shm/millrace-bench-$$-spdk-*.img
     rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -48,7 +52,8 @@ run_perf() {
 }
 
 rows=("randread 4096 64" "randwrite 4096 64" "read 131072 16" "write 131072 16")
-declare -A mr_iops mr_cpu sp_iops sp_cpu
+# keyed by "SIDE ROW"; sides: mr (Millrace), malloc and files (SPDK over either kind of member)
+declare -A iops_of cpu_of
 
 # one side: PORT NQN PID NAME (fills NAME_iops / NAME_cpu)
 measure() {
@@ -57,7 +62,8 @@ measure() {
     run_perf "$port" "$nqn" write 1048576 8 "$pass" >/dev/null # fill
     # ... and read once: Millrace reads member files in memory through a mapping whose page
     # table a running server has filled, and a fresh one fills on each page's first read (the
-    # fill's writes go by pwrite, which leaves it empty); SPDK's malloc bdevs start filled.
+    # fill's writes go by pwrite, which leaves it empty); SPDK's malloc bdevs start filled, and
+    # its AIO bdevs read by pread.
     run_perf "$port" "$nqn" read 1048576 8 "$pass" >/dev/null
     for row in "${rows[@]}"; do
         read -r w bs qd <<<"$row"
@@ -67,10 +73,11 @@ measure() {
         iops=$(run_perf "$port" "$nqn" "$w" "$bs" "$qd" "$secs")
         c1=$(cpu_stat 0); t1=$(cpu_ticks "$pid")
         local ios; ios=$(awk -v r="$iops" -v s="$secs" 'BEGIN { printf "%d", r * s }')
+        iops_of[$side $row]=$iops
         if [[ $side == mr ]]; then
-            mr_iops[$row]=$iops; mr_cpu[$row]=$(us_per_io "$t0" "$t1" "$ios")
+            cpu_of[$side $row]=$(us_per_io "$t0" "$t1" "$ios")
         else
-            sp_iops[$row]=$iops; sp_cpu[$row]=$(awk -v s="$secs" -v n="$ios" 'BEGIN { printf "%.1f", s * 1e6 / n }')
+            cpu_of[$side $row]=$(awk -v s="$secs" -v n="$ios" 'BEGIN { printf "%.1f", s * 1e6 / n }')
         fi
         read -r b0 a0 <<<"$c0"; read -r b1 a1 <<<"$c1"
         # Did the target have CPU 0 to itself? Its own share of the core, and what else ran there.
@@ -90,23 +97,43 @@ echo "  server pinned to CPUs $(pinned_to "$server")" >&2
 measure 4420 "$nqn" "$server" mr
 stop_millrace
 
-echo "SPDK nvmf_tgt (RAID0 bdev over 4 x ${member_mib} MiB malloc bdevs), reactor on CPU 0" >&2
-sock=$tmp/spdk.sock
-"$spdk/build/bin/nvmf_tgt" -m 0x1 --no-huge -s $(( member_mib * 4 + 1024 )) -r "$sock" >"$tmp/tgt.log" 2>&1 &
-tgt=$!
-rpc() { "$spdk/scripts/rpc.py" -s "$sock" "$@" >/dev/null; }
-for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.2; done
-rpc nvmf_create_transport -t TCP
-for i in 0 1 2 3; do rpc bdev_malloc_create -b "m$i" "$member_mib" 4096; done
-rpc bdev_raid_create -n r0 -z 64 -r 0 -b "m0 m1 m2 m3"
-spdk_nqn=nqn.2016-06.io.spdk:bench
-rpc nvmf_create_subsystem "$spdk_nqn" -s SPDK0001
-rpc nvmf_subsystem_add_host "$spdk_nqn" "$host"
-rpc nvmf_subsystem_add_ns "$spdk_nqn" r0
-rpc nvmf_subsystem_add_listener "$spdk_nqn" -t tcp -f ipv4 -a 127.0.0.1 -s 4421
-echo "  nvmf_tgt pinned to CPUs $(pinned_to "$tgt")" >&2
-measure 4421 "$spdk_nqn" "$tgt" sp
-kill "$tgt"; wait "$tgt" 2>/dev/null || true; tgt=
+# measure_spdk KIND: SPDK's nvmf_tgt over a RAID0 bdev of 4 members of KIND (malloc: RAM
+# bdevs; files: AIO bdevs on drive files in /dev/shm, as Millrace's), reactor on CPU 0.
+measure_spdk() {
+    local kind=$1 sock=$tmp/spdk.sock members=() i
+    echo "SPDK nvmf_tgt (RAID0 bdev over 4 x ${member_mib} MiB $kind members), reactor on CPU 0" >&2
+    local mem=1024
+    [[ $kind == malloc ]] && mem=$(( member_mib * 4 + 1024 ))
+    rm -f "$sock"
+    "$spdk/build/bin/nvmf_tgt" -m 0x1 --no-huge -s "$mem" -r "$sock" >"$tmp/tgt.log" 2>&1 &
+    tgt=$!
+    rpc() { "$spdk/scripts/rpc.py" -s "$sock" "$@" >/dev/null; }
+    for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.2; done
+    rpc nvmf_create_transport -t TCP
+    for i in 0 1 2 3; do
+        if [[ $kind == malloc ]]; then
+            rpc bdev_malloc_create -b "m$i" "$member_mib" 4096
+        else
+            local f=/dev/shm/millrace-bench-$$-spdk-$i.img
+            truncate -s "${member_mib}M" "$f"
+            rpc bdev_aio_create "$f" "m$i" 4096
+        fi
+        members+=("m$i")
+    done
+    rpc bdev_raid_create -n r0 -z 64 -r 0 -b "${members[*]}"
+    local spdk_nqn=nqn.2016-06.io.spdk:bench
+    rpc nvmf_create_subsystem "$spdk_nqn" -s SPDK0001
+    rpc nvmf_subsystem_add_host "$spdk_nqn" "$host"
+    rpc nvmf_subsystem_add_ns "$spdk_nqn" r0
+    rpc nvmf_subsystem_add_listener "$spdk_nqn" -t tcp -f ipv4 -a 127.0.0.1 -s 4421
+    echo "  nvmf_tgt pinned to CPUs $(pinned_to "$tgt")" >&2
+    measure 4421 "$spdk_nqn" "$tgt" "$kind"
+    kill "$tgt"; wait "$tgt" 2>/dev/null || true; tgt=
+    rm -f /dev/shm/millrace-bench-$$-spdk-*.img
+}
+for kind in $peers; do
+    case $kind in malloc | files) measure_spdk "$kind" ;; *) echo "PEERS: unknown peer $kind (malloc, files)" >&2; exit 1 ;; esac
+done
 
 echo "Millrace RAID6 against RAID0 over the same 6 members, 128K sequential writes at QD16" >&2
 declare -A six
@@ -119,11 +146,20 @@ for level in raid0 raid6; do
 done
 
 echo
-echo "| workload | queue depth | Millrace IOPS | SPDK IOPS | ratio | target CPU us/I/O Millrace | SPDK |"
-echo "|---|---|---|---|---|---|---|"
+head="| workload | queue depth | Millrace IOPS"
+line="|---|---|---"
+for kind in $peers; do head+=" | SPDK ($kind) IOPS | ratio"; line+="|---|---"; done
+head+=" | target CPU us/I/O Millrace"; line+="|---"
+for kind in $peers; do head+=" | SPDK ($kind)"; line+="|---"; done
+echo "$head |"
+echo "$line|"
 for row in "${rows[@]}"; do
     read -r w bs qd <<<"$row"
-    echo "| $w $((bs / 1024))K | $qd | ${mr_iops[$row]} | ${sp_iops[$row]} | $(ratio "${mr_iops[$row]}" "${sp_iops[$row]}") | ${mr_cpu[$row]} | ${sp_cpu[$row]} |"
+    out="| $w $((bs / 1024))K | $qd | ${iops_of[mr $row]}"
+    for kind in $peers; do out+=" | ${iops_of[$kind $row]} | $(ratio "${iops_of[mr $row]}" "${iops_of[$kind $row]}")"; done
+    out+=" | ${cpu_of[mr $row]}"
+    for kind in $peers; do out+=" | ${cpu_of[$kind $row]}"; done
+    echo "$out |"
 done
 echo
 echo "RAID6 / RAID0, 6 members, 128K sequential write QD16: ${six[raid6]} / ${six[raid0]} IOPS = $(ratio "${six[raid6]}" "${six[raid0]}")"

@@ -59,10 +59,11 @@ fn rebuild_batch_shrinks_under_client_load_and_grows_back_when_idle() {
         })
         .unwrap());
     let sizes: Vec<u64> = rows_at.windows(2).map(|w| w[1] - w[0]).collect();
-    // Batch i + 2 has the size chosen after batch i (the next one is read ahead already).
-    let before = &sizes[..6];
-    let loaded = &sizes[6..12];
-    let after = &sizes[12..sizes.len() - 1];
+    // Callback i follows batch i's write, and batch i + 5 has the size it chooses: the four
+    // after batch i are under way (one written, one computed, two read).
+    let before = &sizes[..9];
+    let loaded = &sizes[9..15];
+    let after = &sizes[15..sizes.len() - 1];
     assert_eq!(
         before.iter().max(),
         Some(&max),

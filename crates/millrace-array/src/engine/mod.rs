@@ -25,6 +25,7 @@ mod mirror;
 mod parity;
 mod parity_ring;
 mod parity_write;
+mod pipeline;
 mod ppl_log;
 mod ppl_recover;
 mod read;

@@ -1,31 +1,14 @@
 //! Rebuild: the generic loops that bring members in state Rebuilding up to date, row by row or a
-//! window of rows at a time (three windows in flight, `rebuild_pipelined`), under the rows' locks;
-//! the strategy rebuilds each group.
+//! window of rows at a time (`rebuild_rows`; many windows at once in `pipeline`), under the
+//! rows' locks; the strategy rebuilds each group.
 
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, Sender};
 
 use super::layout::Window;
 use super::{Array, ArrayError, Result};
 use crate::aligned::AlignedBuf;
 use crate::io::Op;
 use crate::superblock::MemberState;
-
-/// The nice value of the rebuild pipeline's reader and writer threads, below the default. They
-/// mostly wait on drives and hand work on, so they take little CPU; but when one wakes while
-/// the computation and other work hold every core, the scheduler let it wait for a time slice
-/// (about 5 ms, in 100 of 240 windows of an idle rebuild on two cores) and the drives idled
-/// meanwhile: at -10 the simulated 16-drive rebuild went from 0.81-0.82 to 0.89 of the new
-/// drive's rate (docs/PERFORMANCE.md).
-const IO_THREAD_NICE: i32 = -10;
-
-/// Gives this thread [`IO_THREAD_NICE`] where the process may (CAP_SYS_NICE or RLIMIT_NICE);
-/// elsewhere it keeps the default priority, as before.
-fn favour_this_thread() {
-    // SAFETY: setpriority takes plain values; on Linux PRIO_PROCESS with 0 names the calling
-    // thread alone.
-    let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, IO_THREAD_NICE) };
-}
 
 impl Array {
     /// Members being rebuilt whose checkpoint has not passed `row`.
@@ -39,7 +22,7 @@ impl Array {
     }
 
     /// Moves the checkpoint of `targets` (still being rebuilt) to `rows`.
-    fn advance_rebuilt(&self, targets: &[usize], rows: u64) {
+    pub(super) fn advance_rebuilt(&self, targets: &[usize], rows: u64) {
         for &m in targets {
             if self.member_state(m) == MemberState::Rebuilding {
                 self.rebuilt_rows[m].store(rows, Ordering::Release);
@@ -48,13 +31,13 @@ impl Array {
     }
 
     /// Waits for what this thread gave the members (see `Drive::settle`).
-    fn settle_members(&self) {
+    pub(super) fn settle_members(&self) {
         for d in self.drives.load().iter() {
             d.settle();
         }
     }
 
-    fn offline_or_ok(&self) -> Result<()> {
+    pub(super) fn offline_or_ok(&self) -> Result<()> {
         match self.offline_group() {
             Some(e) => Err(e),
             None => Ok(()),
@@ -129,132 +112,16 @@ impl Array {
         self.finish_window(self.load_window(first, count))
     }
 
-    /// Rebuilds from row `start` as a pipeline of three batches: while one batch is written to
-    /// its targets (on a writer thread), the next one's strips are computed here and the one
-    /// after is read (on a reader thread with its own ring), so the surviving drives, the CPU and
-    /// the new drive all stay busy; with two stages the computation and the write took turns and
-    /// the new drive idled half the time. `between` runs after each batch is written with the
-    /// row reached (everything before it rebuilt) and returns the next batch's rows (0: stop).
-    /// Returns the row reached.
-    pub fn rebuild_pipelined(
-        &self,
-        start: u64,
-        first_count: u64,
-        mut between: impl FnMut(u64) -> u64,
-    ) -> Result<u64> {
-        // Three windows in flight lock disjoint shards (see `locks`), so no stage ever waits
-        // on a window another stage holds.
-        let cap = (super::locks::SHARDS / 3) as u64;
-        let rows = self.geo.rows();
-        let mut at = start.min(rows);
-        let mut count = first_count.clamp(1, cap).min(rows - at);
-        if count == 0 {
-            return Ok(at);
-        }
-        std::thread::scope(|s| {
-            let (ask, asked) = std::sync::mpsc::channel::<(u64, u64)>();
-            let (give, given) = std::sync::mpsc::channel::<Loaded>();
-            // Written windows' buffers go back to the reader, whose `scratch` reuses them
-            // instead of allocating and zeroing a batch of buffers every window.
-            let (spent_tx, spent_rx) = std::sync::mpsc::channel::<Vec<AlignedBuf>>();
-            s.spawn(move || self.read_ahead(asked, give, spent_rx));
-            let (write, to_write) = std::sync::mpsc::channel::<Computed>();
-            let (wrote, written) = std::sync::mpsc::channel::<Result<u64>>();
-            s.spawn(move || self.write_behind(to_write, wrote, spent_tx));
-            ask.send((at, count))
-                .expect("the reader lives as long as the scope");
-            let mut size = count;
-            // The row reached by the last window written, and whether one is being written.
-            let mut reached = at;
-            let mut writing = false;
-            let wait_write = |writing: &mut bool| match std::mem::take(writing) {
-                true => written.recv().expect("the writer answers").map(Some),
-                false => Ok(None),
-            };
-            loop {
-                let cur = given.recv().expect("the reader answers every request");
-                let next_at = at + count;
-                let next = size.min(cap).min(rows - next_at);
-                if next > 0 {
-                    ask.send((next_at, next)).expect("the reader lives");
-                }
-                // A window to go row by row (or an error) waits for the one before to be
-                // written, so checkpoints move in order; any other is computed meanwhile.
-                let in_order = cur.guard.is_none() || cur.error.is_some();
-                let (computed, after) = match in_order {
-                    true => (None, Some(cur)),
-                    false => (self.compute_window(cur)?, None),
-                };
-                if let Some(r) = wait_write(&mut writing)? {
-                    reached = r;
-                }
-                if let Some(l) = after {
-                    self.compute_window(l)?;
-                }
-                match computed {
-                    Some(c) => {
-                        write.send(c).expect("the writer lives");
-                        writing = true;
-                    }
-                    None => reached = next_at,
-                }
-                let wanted = between(reached);
-                if next == 0 || wanted == 0 {
-                    // A window read ahead but not wanted is dropped with its locks, unwritten;
-                    // the one being written is told, so the checkpoint saved is where the
-                    // members are.
-                    if let Some(r) = wait_write(&mut writing)? {
-                        reached = r;
-                        between(reached);
-                    }
-                    return Ok(reached);
-                }
-                (at, count, size) = (next_at, next, wanted);
-            }
-        })
-    }
-
-    /// The pipeline's reader: loads each window asked for, reusing the buffers of windows
-    /// written since.
-    fn read_ahead<'a>(
-        &'a self,
-        asked: Receiver<(u64, u64)>,
-        give: Sender<Loaded<'a>>,
-        spent: Receiver<Vec<AlignedBuf>>,
-    ) {
-        favour_this_thread();
-        for (first, count) in asked {
-            crate::aligned::recycle(spent.try_iter().flatten());
-            let loaded = self.load_window(first, count);
-            self.settle_members();
-            if give.send(loaded).is_err() {
-                break;
-            }
-        }
-    }
-
-    /// The pipeline's writer: writes each computed window, answers with the row reached, and
-    /// hands its buffers back to the reader.
-    fn write_behind(
-        &self,
-        to_write: Receiver<Computed>,
-        wrote: Sender<Result<u64>>,
-        spent_to: Sender<Vec<AlignedBuf>>,
-    ) {
-        favour_this_thread();
-        for c in to_write {
-            let end = c.first + c.count;
-            let mut spent = Vec::new();
-            let r = self.write_window(c, &mut spent).map(|()| end);
-            let _ = spent_to.send(spent);
-            if wrote.send(r).is_err() {
-                break;
-            }
-        }
-    }
-
     /// Locks and reads a window (see `rebuild_rows`), or says to go row by row.
     fn load_window(&self, first: u64, count: u64) -> Loaded<'_> {
+        let mut l = self.lock_window(first, count);
+        self.read_locked(&mut l);
+        l
+    }
+
+    /// Plans a window and takes its rows' locks; without them (a window to go row by row) when
+    /// it is not uniform.
+    pub(super) fn lock_window(&self, first: u64, count: u64) -> Loaded<'_> {
         let geo = self.geo;
         let mut l = Loaded {
             first,
@@ -276,6 +143,15 @@ impl Array {
         }
         let fs = geo.full_stripe_bytes();
         l.guard = Some(self.lock_rows(first * fs, count * fs));
+        l
+    }
+
+    /// Reads each group of a window `lock_window` locked, or says to go row by row.
+    pub(super) fn read_locked(&self, l: &mut Loaded) {
+        if l.guard.is_none() {
+            return;
+        }
+        let (geo, first, count) = (self.geo, l.first, l.count);
         for group in 0..geo.groups() {
             let members: Vec<usize> = geo.group_members(group).collect();
             if !l.targets.iter().any(|t| members.contains(t)) {
@@ -294,7 +170,7 @@ impl Array {
                     lost,
                     tolerance,
                 });
-                return l;
+                return;
             }
             let w = Window {
                 first,
@@ -310,11 +186,10 @@ impl Array {
                     // A read failed: row by row, planning around the member that failed.
                     l.guard = None;
                     l.groups.clear();
-                    return l;
+                    return;
                 }
             }
         }
-        l
     }
 
     /// One group's window: the strategy's readers, read. None: a read failed.
@@ -357,7 +232,7 @@ impl Array {
 
     /// Computes a loaded window's targets in its buffers; None when there is nothing to write
     /// (no targets, or a window that had to be rebuilt row by row, done here).
-    fn compute_window<'a>(&self, l: Loaded<'a>) -> Result<Option<Computed<'a>>> {
+    pub(super) fn compute_window<'a>(&self, l: Loaded<'a>) -> Result<Option<Computed<'a>>> {
         if let Some(e) = l.error {
             return Err(e);
         }
@@ -393,6 +268,16 @@ impl Array {
     /// Writes a computed window to its targets, then moves their checkpoint; its buffers go to
     /// `spent`.
     fn write_window(&self, c: Computed, spent: &mut Vec<AlignedBuf>) -> Result<()> {
+        let (targets, end) = (c.targets.clone(), c.first + c.count);
+        self.write_window_data(c, spent);
+        self.advance_rebuilt(&targets, end);
+        self.offline_or_ok()
+    }
+
+    /// Writes a computed window to its targets and releases its rows; its buffers go to
+    /// `spent`. A write that fails takes its member out of service (see `run`), which the
+    /// caller finds before it moves the checkpoint.
+    pub(super) fn write_window_data(&self, c: Computed, spent: &mut Vec<AlignedBuf>) {
         let off = self.member_offset(c.first, 0);
         for (members, bufs) in c.groups {
             let mut ops: Vec<Op> = bufs
@@ -407,8 +292,6 @@ impl Array {
         }
         self.settle_members();
         drop(c.guard);
-        self.advance_rebuilt(&c.targets, c.first + c.count);
-        self.offline_or_ok()
     }
 }
 
@@ -417,17 +300,17 @@ type GroupRead = (usize, Vec<usize>, Vec<usize>, Vec<AlignedBuf>);
 
 /// A rebuild window read under its rows' locks, waiting for its parity and writes; without a
 /// guard it is rebuilt row by row.
-struct Loaded<'a> {
-    first: u64,
-    count: u64,
-    targets: Vec<usize>,
-    guard: Option<super::locks::RowGuard<'a>>,
+pub(super) struct Loaded<'a> {
+    pub(super) first: u64,
+    pub(super) count: u64,
+    pub(super) targets: Vec<usize>,
+    pub(super) guard: Option<super::locks::RowGuard<'a>>,
     groups: Vec<GroupRead>,
-    error: Option<ArrayError>,
+    pub(super) error: Option<ArrayError>,
 }
 
 /// A window whose targets are computed, waiting to be written under its rows' locks.
-struct Computed<'a> {
+pub(super) struct Computed<'a> {
     first: u64,
     count: u64,
     targets: Vec<usize>,
