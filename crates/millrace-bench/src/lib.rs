@@ -408,7 +408,7 @@ fn rebuild_rate(
     batch: u64,
 ) -> Result<f64, String> {
     let t0 = std::time::Instant::now();
-    // The engine's pipelined rebuild (reads, parity and writes of three batches at once).
+    // The engine's pipelined rebuild (windows read, computed and written at once).
     let rows = array
         .rebuild_pipelined(0, batch, |_| {
             let more = t0.elapsed().as_secs_f64() < secs
