@@ -21,6 +21,9 @@ secs=${1:-10}
 member_mib=${MEMBER_MIB:-512}
 spdk=${SPDK_DIR:-}
 peers=${PEERS:-malloc files}
+for kind in $peers; do
+    case $kind in malloc | files) ;; *) echo "PEERS lists '$kind': the peers are malloc and files (PEERS=\"malloc files\" runs both)." >&2; exit 1 ;; esac
+done
 if [[ -z $spdk || ! -x $spdk/build/bin/nvmf_tgt || ! -x $spdk/build/bin/spdk_nvme_perf ]]; then
     echo "SPDK is not here: set SPDK_DIR to a built SPDK v24.01 tree (with build/bin/nvmf_tgt and" >&2
     echo "build/bin/spdk_nvme_perf). It is the peer and the common initiator, so this benchmark is skipped." >&2
@@ -55,7 +58,7 @@ rows=("randread 4096 64" "randwrite 4096 64" "read 131072 16" "write 131072 16")
 # keyed by "SIDE ROW"; sides: mr (Millrace), malloc and files (SPDK over either kind of member)
 declare -A iops_of cpu_of
 
-# one side: PORT NQN PID NAME (fills NAME_iops / NAME_cpu)
+# one side: PORT NQN PID SIDE (fills iops_of and cpu_of under "SIDE ROW")
 measure() {
     local port=$1 nqn=$2 pid=$3 side=$4
     local pass=$(( member_mib * 4 / 400 + 3 )) # seconds to go over the volume once
@@ -131,9 +134,7 @@ measure_spdk() {
     kill "$tgt"; wait "$tgt" 2>/dev/null || true; tgt=
     rm -f /dev/shm/millrace-bench-$$-spdk-*.img
 }
-for kind in $peers; do
-    case $kind in malloc | files) measure_spdk "$kind" ;; *) echo "PEERS: unknown peer $kind (malloc, files)" >&2; exit 1 ;; esac
-done
+for kind in $peers; do measure_spdk "$kind"; done
 
 echo "Millrace RAID6 against RAID0 over the same 6 members, 128K sequential writes at QD16" >&2
 declare -A six

@@ -32,6 +32,7 @@ fn favour_this_thread() {
     // thread alone.
     let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, IO_THREAD_NICE) };
 }
+
 impl Array {
     /// Rebuilds from row `start` as a pipeline: while earlier windows are written to their
     /// targets (on writer threads), the next one's strips are computed here and the ones after
@@ -111,7 +112,6 @@ impl Array {
         between: &mut impl FnMut(u64) -> u64,
     ) -> Result<bool> {
         let end = cur.first + cur.count;
-        let targets = cur.targets.clone();
         let mut going = true;
         if cur.guard.is_none() || cur.error.is_some() {
             while !p.writing.is_empty() {
@@ -121,6 +121,7 @@ impl Array {
             p.reached = end;
             return Ok(p.tell(between) && going);
         }
+        let targets = cur.targets.clone();
         let computed = self.compute_window(cur)?;
         while p.writing.len() >= STAGE_DEPTH {
             going &= p.collect_oldest(self, between)?;
@@ -258,7 +259,8 @@ impl<'a> Pipeline<'a> {
     /// Keeps STAGE_DEPTH windows asked of the readers, up to the last row.
     fn ask_ahead(&mut self) {
         while self.reading.len() < STAGE_DEPTH && self.asked_to < self.rows {
-            let count = self.size.min(self.cap).min(self.rows - self.asked_to);
+            // `size` is within 1..=cap (see `tell`).
+            let count = self.size.min(self.rows - self.asked_to);
             let (tx, rx) = std::sync::mpsc::sync_channel(1);
             let job = ReadJob {
                 first: self.asked_to,
