@@ -137,12 +137,19 @@ measure_spdk() {
 for kind in $peers; do measure_spdk "$kind"; done
 
 echo "Millrace RAID6 against RAID0 over the same 6 members, 128K sequential writes at QD16" >&2
+# member_bytes read|write: bytes the members moved so far, all members together (the server's metrics)
+member_bytes() { curl -s 127.0.0.1:8749/metrics | awk -v op="$1" '$1 ~ "^millrace_member_" op "_bytes_total" { s += $2 } END { printf "%.0f", s }'; }
 declare -A six
 for level in raid0 raid6; do
     start_millrace "$tmp/home-$level" 0 "$level" 6 "${member_mib}M" --nvme 127.0.0.1:4420 --discovery-port 8019 --api 127.0.0.1:8749
     "$m" export nvme add bench/v --host "$host" >/dev/null
     run_perf 4420 "$nqn" write 1048576 8 "$(( member_mib * 6 / 400 + 3 ))" >/dev/null
+    r0=$(member_bytes read); w0=$(member_bytes write)
     six[$level]=$(run_perf 4420 "$nqn" write 131072 16 "$secs")
+    r1=$(member_bytes read); w1=$(member_bytes write)
+    # Per byte the host wrote: 1.5 written and none read is every stripe written whole (4 data
+    # members and 2 parity); reads are read-modify-writes of stripes written in pieces.
+    echo "  $level: members wrote $(awk -v a="$w0" -v b="$w1" -v n="${six[$level]}" -v s="$secs" 'BEGIN { printf "%.2f", (b - a) / (n * s * 131072) }') and read $(awk -v a="$r0" -v b="$r1" -v n="${six[$level]}" -v s="$secs" 'BEGIN { printf "%.2f", (b - a) / (n * s * 131072) }') bytes per byte written" >&2
     stop_millrace
 done
 

@@ -42,6 +42,13 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn preferred_io_bytes(&self) -> u64 {
         4096
     }
+    /// Writes that leave part of an aligned span of this many bytes unwritten cost the device a
+    /// read-modify-write (a parity array's full stripe); 0 when no write does. A transport that
+    /// receives writes continuing one another submits them together up to such a boundary, so
+    /// the device can merge them into whole spans instead of writing each half alone.
+    fn write_granule_bytes(&self) -> u64 {
+        0
+    }
     /// The smallest write that performs well: a parity array's strip. With
     /// [`BlockDevice::preferred_io_bytes`] it is what Linux md reports as io_min and io_opt, from
     /// which filesystems take their stripe unit and width (mkfs.xfs su and sw).

@@ -1,5 +1,5 @@
-//! The NVMe/TCP sender's batch (`tcp::writer`): PDU headers and small PDUs gathered in one
-//! byte buffer, read data left in the pool buffers the device filled, all sent by vectored
+//! The NVMe/TCP sender's batch (`tcp::reply::writer`): PDU headers and small PDUs gathered in
+//! one byte buffer, read data left in the pool buffers the device filled, all sent by vectored
 //! writes.
 
 use crate::cmd::Cqe;

@@ -28,7 +28,8 @@
 //   commands:   `admin` (admin commands), `io_commands` (the NVM command set)
 //   (each host's share of the buffer pool is a millrace_io::Shares keyed by host NQN)
 //   session:    one queue's command handling, transport-agnostic (`session`)
-//   transport:  NVMe/TCP (`tcp`); NVMe/RDMA lives in millrace-nvmf-rdma, over `Session`
+//   transport:  NVMe/TCP (`tcp`, with `plug`: writes held for the one continuing them);
+//               NVMe/RDMA lives in millrace-nvmf-rdma, over `Session`
 //   target:     the public API and the TCP accept loop (`target`)
 mod admin;
 pub mod cmd;
@@ -38,6 +39,7 @@ pub mod initiator;
 pub mod io_commands;
 mod model;
 pub mod pdu;
+mod plug;
 pub mod session;
 mod target;
 mod tcp;

@@ -96,6 +96,10 @@ pub struct TargetConfig {
     /// Most bytes of the buffer pool one host (host NQN) holds at once, over all its queues;
     /// None: a quarter of the pool. At least one largest transfer's buffer.
     pub max_host_buffer_bytes: Option<u64>,
+    /// Longest a received write is held for the write continuing it inside the device's write
+    /// granule, so the device can merge them (`BlockDevice::write_granule_bytes`); zero holds
+    /// none.
+    pub write_hold: Duration,
 }
 
 impl Default for TargetConfig {
@@ -115,6 +119,7 @@ impl Default for TargetConfig {
             pdu_timeout: Duration::from_secs(10),
             allow_digests: true,
             max_host_buffer_bytes: None,
+            write_hold: Duration::from_millis(2),
         }
     }
 }
@@ -225,6 +230,8 @@ pub(crate) struct Ns {
     pub pref_blocks: u64,
     /// The device's minimum efficient write in blocks (a strip), at most `pref_blocks`.
     pub min_blocks: u64,
+    /// The device's write granule in blocks (0: none; `BlockDevice::write_granule_bytes`).
+    pub granule_blocks: u64,
 }
 
 impl Ns {
@@ -267,7 +274,13 @@ impl Ns {
         } else {
             pref_blocks
         };
+        let granule = n.dev.write_granule_bytes();
+        let granule_blocks = match granule.is_multiple_of(block as u64) {
+            true => granule >> lba_shift,
+            false => 0,
+        };
         Ok(Ns {
+            granule_blocks,
             nsid: n.nsid,
             dev: n.dev,
             uuid: n.uuid,

@@ -83,6 +83,9 @@ impl BlockDevice for Volume {
     fn min_io_bytes(&self) -> u64 {
         self.dev.min_io_bytes()
     }
+    fn write_granule_bytes(&self) -> u64 {
+        self.dev.write_granule_bytes()
+    }
     fn block_bytes(&self) -> u32 {
         self.dev.block_bytes()
     }

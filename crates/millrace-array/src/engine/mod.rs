@@ -544,6 +544,12 @@ impl millrace_block::BlockDevice for Array {
     fn min_io_bytes(&self) -> u64 {
         self.geo.strip
     }
+    fn write_granule_bytes(&self) -> u64 {
+        match self.geo.level.is_parity() {
+            true => self.geo.full_stripe_bytes(),
+            false => 0,
+        }
+    }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         Array::read_at(self, offset, buf).map_err(Into::into)
     }

@@ -27,7 +27,7 @@ pub use consts::{
 pub use error::{PduError, ReadError};
 pub use frame::{frame, Ch, Frame, Negotiated, Side};
 pub use head::{decode_head, DataHdr, Head, IcReq, IcResp, R2t};
-pub use stream::{read_data, read_head, read_head_into, skip_data};
+pub use stream::{read_data, read_data_direct, read_head, read_head_into, skip_data};
 
 #[cfg(test)]
 mod tests;

@@ -5,7 +5,13 @@ use super::consts::{digest, CH_LEN, DIGEST_LEN};
 use super::error::{PduError, ReadError};
 use super::frame::{frame, Ch, Frame, Negotiated, Side};
 use super::head::{decode_head, le32, Head};
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
+
+/// Data at least this long that a read buffer does not already hold goes from the socket
+/// straight into its destination: through the buffer it was copied twice (a 128 KiB write's
+/// data half the time, 3% of the core in RAID6 writes over NVMe/TCP). Shorter data still comes
+/// through the buffer, whose one read takes in the next PDUs' headers with it.
+const DIRECT_MIN: usize = 16 * 1024;
 
 /// Reads the next PDU header from a stream and checks it (header digest included), leaving the
 /// data (and its digest) unread so the caller can place it where it belongs. Returns the
@@ -52,6 +58,35 @@ pub async fn read_data<R: AsyncRead + Unpin>(
 ) -> Result<bool, std::io::Error> {
     debug_assert_eq!(dst.len(), f.data_len);
     r.read_exact(dst).await?;
+    if f.ddgst {
+        let mut d = [0u8; DIGEST_LEN];
+        r.read_exact(&mut d).await?;
+        return Ok(digest(dst) == u32::from_le_bytes(d));
+    }
+    Ok(true)
+}
+
+/// [`read_data`] from a buffered stream: what the buffer holds is copied, the rest of long data
+/// is read from the stream into `dst` itself.
+pub async fn read_data_direct<R: AsyncRead + Unpin>(
+    r: &mut BufReader<R>,
+    f: &Frame,
+    dst: &mut [u8],
+) -> Result<bool, std::io::Error> {
+    debug_assert_eq!(dst.len(), f.data_len);
+    let held = r.buffer().len().min(dst.len());
+    dst[..held].copy_from_slice(&r.buffer()[..held]);
+    r.consume(held);
+    let mut done = held;
+    // The buffer is empty whenever data is left: what the stream gives next is this data.
+    while dst.len() - done >= DIRECT_MIN {
+        let n = r.get_mut().read(&mut dst[done..]).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        done += n;
+    }
+    r.read_exact(&mut dst[done..]).await?;
     if f.ddgst {
         let mut d = [0u8; DIGEST_LEN];
         r.read_exact(&mut d).await?;

@@ -3,21 +3,23 @@
 //! into a buffer of the pool; the queue's [`Session`] handles each command; I/O commands run in
 //! their own tasks on the same core, awaiting the device's completion; a writer task owns the
 //! socket's sending half and sends batches of PDUs with vectored writes, read data straight
-//! from the buffer the device filled. Nothing here is shared with other connections except what
+//! from the buffer the device filled (`reply`). Nothing here is shared with other connections except what
 //! the session reaches (the controller and the namespaces, lock-free on the I/O path).
 
 use crate::cmd::{self, Cqe, Sqe, Status, Transfer};
-use crate::gather::{Fmt, Gather};
+use crate::gather::Fmt;
 use crate::io_commands::IoDone;
 use crate::model::Inner;
 use crate::pdu::{
-    self, encode, read_data, read_head, read_head_into, DataHdr, Frame, Head, IcResp, Negotiated,
-    PduError, R2t, ReadError, Side,
+    self, encode, read_data_direct, read_head, read_head_into, Frame, Head, IcResp, Negotiated,
+    PduError, ReadError, Side,
 };
+use crate::plug::Plug;
 use crate::session::{Action, Session};
 use millrace_io::share::Held;
 use millrace_io::IoBuf;
 use parking_lot::Mutex;
+use reply::{completer, term, writer, Out, Replier};
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -29,6 +31,10 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use transfer::Pending;
+
+mod reply;
+mod transfer;
 
 /// Admin queues take 8 KiB of in-capsule data: hosts send Connect data and small admin
 /// payloads that way without asking.
@@ -41,64 +47,6 @@ const ADMIN_IN_CAPSULE: usize = 8192;
 /// (4K writes at QD64: 10% of it, docs/PERFORMANCE.md). 64 KiB is 16 such writes, and about 900
 /// read commands, which a host sends in far smaller bursts, so reads are not cut up.
 const YIELD_AFTER: usize = 64 * 1024;
-
-/// What the writer task sends.
-pub(crate) enum Out {
-    Resp(Cqe),
-    /// C2HData PDUs carrying `data`, then the response capsule; `held`, the bytes of the
-    /// host's share the buffer counts against, goes back with it once sent.
-    Data {
-        cqe: Cqe,
-        data: IoBuf,
-        held: Option<Held>,
-    },
-    R2t(R2t),
-    /// A fatal error: send a C2HTermReq and close.
-    Term {
-        fes: u16,
-        fei: u32,
-        hdr: Vec<u8>,
-    },
-    /// Close once everything queued before is sent (after Disconnect).
-    Close,
-}
-
-/// Sends completions and keeps the in-flight count, which must drop before the host can see
-/// the completion (it may reuse the slot at once).
-#[derive(Clone)]
-struct Replier {
-    tx: mpsc::Sender<Out>,
-    inflight: Arc<AtomicUsize>,
-    qid: u16,
-    t: Arc<Inner>,
-}
-
-impl Replier {
-    async fn done(&self, cid: u16, status: Status, result: u64) {
-        self.inflight.fetch_sub(1, Ordering::Relaxed);
-        if !status.is_success() {
-            self.t.counters.errors.fetch_add(1, Ordering::Relaxed);
-        }
-        let mut c = Cqe::new(cid, status, result);
-        c.sqid = self.qid;
-        let _ = self.tx.send(Out::Resp(c)).await;
-    }
-    async fn data(&self, cid: u16, data: IoBuf, held: Option<Held>) {
-        self.inflight.fetch_sub(1, Ordering::Relaxed);
-        let mut c = Cqe::new(cid, Status::SUCCESS, 0);
-        c.sqid = self.qid;
-        let _ = self.tx.send(Out::Data { cqe: c, data, held }).await;
-    }
-}
-
-/// A command waiting for its data in H2CData PDUs (after our R2T).
-struct Pending {
-    sqe: Sqe,
-    buf: IoBuf,
-    held: Option<Held>,
-    received: usize,
-    digest_error: bool,
-}
 
 /// Why the reader stops.
 enum Stop {
@@ -134,6 +82,8 @@ struct Conn {
     handshake_deadline: Instant,
     /// The header of the PDU being handled, in a buffer kept for the next.
     head_buf: Vec<u8>,
+    /// Writes whose data is in, held for the write that continues them (`crate::plug`).
+    plug: Plug,
 }
 
 pub(crate) async fn serve_connection(
@@ -213,6 +163,7 @@ pub(crate) async fn serve_connection(
         whole: false,
         handshake_deadline,
         head_buf: Vec::new(),
+        plug: Plug::new(t.cfg.write_hold),
     };
     let stop = c.run().await;
     if let Stop::Fatal(e, hdr) = stop {
@@ -257,79 +208,6 @@ fn whole_pdu(buffered: &[u8]) -> bool {
         .is_some_and(|ch| buffered.len() as u64 >= u64::from(pdu::Ch::decode(ch).plen))
 }
 
-/// Completes an admin queue's parked commands from any task: the in-flight count drops before
-/// the host can see the completion, and comes back if the writer cannot take it now.
-fn completer(r: &Replier) -> crate::model::Completer {
-    let (tx, inflight, qid) = (r.tx.clone(), r.inflight.clone(), r.qid);
-    Arc::new(move |mut c: Cqe| {
-        inflight.fetch_sub(1, Ordering::Relaxed);
-        c.sqid = qid;
-        if tx.try_send(Out::Resp(c)).is_ok() {
-            return true;
-        }
-        inflight.fetch_add(1, Ordering::Relaxed);
-        false
-    })
-}
-
-fn term(fes: u16, fei: u32, hdr: &[u8]) -> Vec<u8> {
-    let hdr = &hdr[..hdr.len().min(pdu::TERM_MAX_DATA)];
-    encode(
-        &Head::TermReq {
-            h2c: false,
-            fes,
-            fei,
-        },
-        hdr,
-        false,
-        false,
-        1,
-    )
-}
-
-async fn writer(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Out>, f: Fmt, sqhd: Arc<AtomicU16>) {
-    let mut g = Gather::default();
-    loop {
-        // Batch: queue whatever is waiting, send when the queue runs dry or the batch is big.
-        let msg = match rx.try_recv() {
-            Ok(m) => m,
-            Err(mpsc::error::TryRecvError::Empty) => {
-                if g.flush(&mut wr).await.is_err() {
-                    return;
-                }
-                match rx.recv().await {
-                    Some(m) => m,
-                    None => break,
-                }
-            }
-            Err(mpsc::error::TryRecvError::Disconnected) => break,
-        };
-        let resp = |mut c: Cqe| {
-            c.sqhd = sqhd.load(Ordering::Relaxed);
-            Head::Resp(c)
-        };
-        match msg {
-            Out::Resp(c) => g.push_head(&resp(c), &f),
-            Out::Data { cqe, data, held } => {
-                g.push_data(&cqe, data, &f);
-                g.held.extend(held);
-                g.push_head(&resp(cqe), &f);
-            }
-            Out::R2t(r) => g.push_head(&Head::R2t(r), &f),
-            Out::Term { fes, fei, hdr } => {
-                g.push_bytes(&term(fes, fei, &hdr));
-                break;
-            }
-            Out::Close => break,
-        }
-        if g.is_big() && g.flush(&mut wr).await.is_err() {
-            return;
-        }
-    }
-    let _ = g.flush(&mut wr).await;
-    let _ = wr.shutdown().await;
-}
-
 impl Conn {
     async fn run(&mut self) -> Stop {
         // Command bytes taken in since the reader last let the core's other tasks run.
@@ -342,11 +220,28 @@ impl Conn {
                 taken = 0;
                 tokio::task::yield_now().await;
             }
+            if let Some(at) = self.plug.deadline() {
+                if Instant::now() >= at {
+                    self.release_held().await;
+                }
+            }
             let reads = self.rd.buffer().is_empty();
             if reads {
                 let dead = self.session.closing();
+                // Held writes go on once their wait is over, whether the host sends or not.
+                let until = self.plug.deadline();
+                let held_over = async move {
+                    match until {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     _ = dead.cancelled() => return Stop::Quiet,
+                    _ = held_over => {
+                        self.release_held().await;
+                        continue;
+                    }
                     r = self.next_pdu_begins() => if let Err(s) = r { return s },
                 };
             } else if self.session.is_closing() {
@@ -414,9 +309,14 @@ impl Conn {
     /// Reads a PDU's data, which must follow its header within the PDU timeout.
     async fn data(&mut self, f: &Frame, dst: &mut [u8]) -> Result<bool, Stop> {
         if self.whole {
-            return Ok(read_data(&mut self.rd, f, dst).await?);
+            return Ok(read_data_direct(&mut self.rd, f, dst).await?);
         }
-        match tokio::time::timeout(self.t.cfg.pdu_timeout, read_data(&mut self.rd, f, dst)).await {
+        match tokio::time::timeout(
+            self.t.cfg.pdu_timeout,
+            read_data_direct(&mut self.rd, f, dst),
+        )
+        .await
+        {
             Ok(r) => Ok(r?),
             Err(_) => Err(self.timed_out("a PDU's data")),
         }
@@ -543,128 +443,6 @@ impl Conn {
             Ok(None) | Err(_) => return Ok((Some(IoBuf::standalone(len)), None)),
         };
         Ok((Some(b), Some(held)))
-    }
-
-    /// Takes a pool buffer for a host-to-controller transfer (its bytes of the host's share
-    /// first) and asks for the data.
-    async fn start_r2t(&mut self, sqe: Sqe, len: usize) -> Result<(), Stop> {
-        let cid = sqe.cid();
-        if self.pending.lock().contains_key(&cid) {
-            self.reply.done(cid, Status::CID_CONFLICT, 0).await;
-            return Ok(());
-        }
-        let pending = self.pending.clone();
-        let register = move |buf: IoBuf, held: Option<Held>| {
-            pending.lock().insert(
-                cid,
-                Pending {
-                    sqe,
-                    buf,
-                    held,
-                    received: 0,
-                    digest_error: false,
-                },
-            );
-            Out::R2t(R2t {
-                cccid: cid,
-                ttag: cid,
-                r2to: 0,
-                r2tl: len as u32,
-            })
-        };
-        let Some(share) = self.session.share().cloned() else {
-            // Connect's own data (at most CONNECT_DATA_MAX, one per connection): a host not yet
-            // admitted takes nothing from the pool.
-            let out = register(IoBuf::standalone(len), None);
-            let _ = self.reply.tx.send(out).await;
-            return Ok(());
-        };
-        let pool = self.session.pool().clone();
-        if len > pool.max_buf() {
-            self.reply.done(cid, Status::INVALID_FIELD, 0).await;
-            return Ok(());
-        }
-        let held = share.try_take(len);
-        if held.is_some() {
-            if let Ok(Some(b)) = pool.try_get(len) {
-                let out = register(b, held);
-                let _ = self.reply.tx.send(out).await;
-                return Ok(());
-            }
-        }
-        // The host's share or the pool is short: wait in a task of its own so this reader
-        // keeps receiving the data that will free buffers. The host sends nothing for this
-        // command until the R2T.
-        let reply = self.reply.clone();
-        let dead = self.session.closing();
-        let waiting = self.r2t_waiting.clone();
-        waiting.fetch_add(1, Ordering::AcqRel);
-        tokio::spawn(async move {
-            let got = async {
-                let held = match held {
-                    Some(h) => h,
-                    None => share.take(len).await,
-                };
-                pool.get(len).await.ok().map(|b| (b, held))
-            };
-            tokio::select! {
-                _ = dead.cancelled() => {}
-                r = got => if let Some((b, held)) = r {
-                    // In `pending` before it stops counting as waiting.
-                    let out = register(b, Some(held));
-                    waiting.fetch_sub(1, Ordering::AcqRel);
-                    let _ = reply.tx.send(out).await;
-                    return;
-                },
-            }
-            waiting.fetch_sub(1, Ordering::AcqRel);
-        });
-        Ok(())
-    }
-
-    async fn h2c_data(&mut self, d: DataHdr, f: &Frame, raw: &[u8]) -> Result<(), Stop> {
-        if f.data_len > self.maxh2cdata {
-            return Err(Stop::Fatal(
-                PduError::TooLarge(f.data_len as u64),
-                raw.to_vec(),
-            ));
-        }
-        let Some(mut p) = self.pending.lock().remove(&d.ttag) else {
-            return Err(Stop::Fatal(PduError::InvalidField(10), raw.to_vec()));
-        };
-        if p.sqe.cid() != d.cccid {
-            return Err(Stop::Fatal(PduError::InvalidField(8), raw.to_vec()));
-        }
-        // Data must arrive in order and inside the R2T's range.
-        let off = d.datao as usize;
-        if off != p.received || off + f.data_len > p.buf.len() {
-            return Err(Stop::Fatal(PduError::OutOfRange, raw.to_vec()));
-        }
-        let ok = match self.data(f, &mut p.buf[off..off + f.data_len]).await {
-            Ok(ok) => ok,
-            Err(s) => {
-                self.pending.lock().insert(d.ttag, p);
-                return Err(s);
-            }
-        };
-        p.digest_error |= !ok;
-        p.received += f.data_len;
-        let complete = p.received == p.buf.len();
-        if d.last != complete {
-            return Err(Stop::Fatal(PduError::OutOfRange, raw.to_vec()));
-        }
-        if !complete {
-            self.pending.lock().insert(d.ttag, p);
-            return Ok(());
-        }
-        if p.digest_error {
-            self.reply
-                .done(p.sqe.cid(), Status::TRANSIENT_TRANSPORT_ERROR, 0)
-                .await;
-            return Ok(());
-        }
-        self.execute(p.sqe, Some(p.buf), 0, p.held).await;
-        Ok(())
     }
 
     /// Runs a command; `held`, the host's share its data buffer counts against, goes back
