@@ -91,14 +91,58 @@ pub fn scratch(len: usize) -> AlignedBuf {
         .unwrap_or_else(|| AlignedBuf::zeroed(len))
 }
 
-/// Gives buffers back for `scratch` to reuse (a few per thread; the rest are freed).
+/// The most bytes of spare buffers one thread keeps for `scratch`. A rebuild's windows change
+/// size with the load, so buffers of sizes no longer asked for would otherwise stay, up to 64
+/// of them a thread, each up to a few MiB per member (an idle rebuild of 16 members held 417
+/// MiB of anonymous memory at its peak, docs/PERFORMANCE.md).
+pub const SPARE_BYTES: usize = 32 << 20;
+
+/// Gives buffers back for `scratch` to reuse (a few per thread, at most [`SPARE_BYTES`]; the
+/// oldest are freed first).
 pub fn recycle(bufs: impl IntoIterator<Item = AlignedBuf>) {
     SPARE.with(|s| {
         let mut s = s.borrow_mut();
         for b in bufs {
-            if s.len() < 64 {
-                s.push(b);
+            if b.len() > SPARE_BYTES {
+                continue;
+            }
+            s.push(b);
+            let mut held: usize = s.iter().map(|b| b.len()).sum();
+            while s.len() > 64 || held > SPARE_BYTES {
+                held -= s.remove(0).len();
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spare_bytes() -> usize {
+        SPARE.with(|s| s.borrow().iter().map(|b| b.len()).sum())
+    }
+
+    #[test]
+    fn spares_stay_within_their_bytes_and_keep_the_newest() {
+        let mib = 1 << 20;
+        // Windows that change size: 4 MiB buffers, then 2 MiB ones, as a rebuild's do.
+        recycle((0..12).map(|_| AlignedBuf::zeroed(4 * mib)));
+        assert!(spare_bytes() <= SPARE_BYTES, "{} bytes kept", spare_bytes());
+        recycle((0..16).map(|_| AlignedBuf::zeroed(2 * mib)));
+        assert_eq!(
+            spare_bytes(),
+            16 * 2 * mib,
+            "the older 4 MiB buffers go first"
+        );
+        assert_eq!(scratch(2 * mib).len(), 2 * mib);
+        assert_eq!(
+            spare_bytes(),
+            15 * 2 * mib,
+            "a spare of the size asked is reused"
+        );
+        // Larger than all the spares may hold: freed at once.
+        recycle([AlignedBuf::zeroed(SPARE_BYTES + ALIGN)]);
+        assert_eq!(spare_bytes(), 15 * 2 * mib);
+    }
 }

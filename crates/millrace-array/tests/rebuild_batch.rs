@@ -15,18 +15,17 @@ const STRIP: u64 = 64 << 10;
 const ROWS: u64 = 512;
 const DATA_OFFSET: u64 = 1 << 20;
 
-#[test]
-fn rebuild_batch_shrinks_under_client_load_and_grows_back_when_idle() {
-    let n = 4;
+/// A pool of `n` members in memory, `rows` rows each: the pool, its members' names and size.
+fn pool_in_memory(n: usize, level: Level, rows: u64) -> (Pool, Vec<PathBuf>, u64) {
     let names: Vec<PathBuf> = (0..n).map(|i| PathBuf::from(format!("d{i}"))).collect();
-    let size = DATA_OFFSET + STRIP * ROWS;
+    let size = DATA_OFFSET + STRIP * rows;
     let drives: Vec<Arc<dyn Drive>> = names
         .iter()
         .map(|p| Arc::new(FaultyDrive::new(p.display().to_string(), size)) as Arc<dyn Drive>)
         .collect();
     let opts = CreateOptions {
         name: "b".into(),
-        level: Level::Raid5,
+        level,
         strip: STRIP,
         group: None,
         data_offset: Some(DATA_OFFSET),
@@ -34,6 +33,12 @@ fn rebuild_batch_shrinks_under_client_load_and_grows_back_when_idle() {
         force: false,
     };
     let pool = Pool::create_on(&opts, &names, drives, true).unwrap();
+    (pool, names, size)
+}
+
+#[test]
+fn rebuild_batch_shrinks_under_client_load_and_grows_back_when_idle() {
+    let (pool, names, size) = pool_in_memory(4, Level::Raid5, ROWS);
     let model: Vec<u8> = (0..pool.array().size_bytes())
         .map(|i| (i * 7 % 251) as u8)
         .collect();
@@ -88,4 +93,27 @@ fn rebuild_batch_shrinks_under_client_load_and_grows_back_when_idle() {
     assert!(got == model, "data differs after the rebuild");
     let rep = pool.scrub(false, |_, _| {}).unwrap();
     assert_eq!(rep.mismatches, 0, "{rep:?}");
+}
+
+/// The rebuild's windows in flight (five) and its two reader threads' spare buffers fit the
+/// memory it is given (issue #15: the server gives it the buffer pool's size); an idle rebuild
+/// of 16 members held 417 MiB with windows grown to 4 MiB a member.
+#[test]
+fn rebuild_windows_fit_the_memory_given() {
+    let n = 16;
+    let (pool, _, _) = pool_in_memory(n, Level::Raid6, 64);
+    let a = pool.array();
+    let row = STRIP * n as u64;
+    let spares = 2 * (32u64 << 20);
+    // The default, 256 MiB: windows up to what a reader's 32 MiB of spares holds whole (32
+    // rows of 16 x 64 KiB), where 4 members grow to 64 rows.
+    let (min, first, max) = a.rebuild_batch_bounds();
+    assert_eq!((min, first, max), (2, 16, 32));
+    assert!(5 * max * row + spares <= 256 << 20);
+    // A smaller budget: eight rows a window at most.
+    a.set_rebuild_memory(spares + 5 * 8 * row);
+    assert_eq!(a.rebuild_batch_bounds(), (2, 8, 8));
+    // Less than one row's windows still rebuilds, a row at a time.
+    a.set_rebuild_memory(1 << 20);
+    assert_eq!(a.rebuild_batch_bounds(), (1, 1, 1));
 }

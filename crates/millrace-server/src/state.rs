@@ -195,6 +195,11 @@ impl State {
         if let Some(id) = self.jobs.running_id(pool, "rebuild") {
             return Some(id);
         }
+        // The rebuild's buffers are bounded by the data path's pool size, as its requests are.
+        if let Some(dp) = self.data_path.get() {
+            let bytes = dp.pool.usage().capacity_bytes;
+            e.pool.array().set_rebuild_memory(bytes);
+        }
         let entry = e.clone();
         Some(self.jobs.spawn(pool, "rebuild", move |job| {
             entry

@@ -146,6 +146,8 @@ pub struct Array {
     log: ppl_log::Log,
     /// Rows per rebuild batch where set (0: the default).
     rebuild_batch: AtomicU64,
+    /// Bytes of buffers a rebuild may hold at once (see `rebuild_batch_bounds`).
+    rebuild_memory: AtomicU64,
     pub stats: Stats,
     /// Per member slot, in member order.
     pub member_stats: Vec<MemberStats>,
@@ -225,6 +227,7 @@ impl Array {
                 geo.members,
             ),
             rebuild_batch: AtomicU64::new(0),
+            rebuild_memory: AtomicU64::new(pipeline::DEFAULT_REBUILD_MEMORY),
             stats: Stats::default(),
             member_stats: (0..geo.members).map(|_| MemberStats::default()).collect(),
         }

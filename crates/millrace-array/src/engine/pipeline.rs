@@ -3,6 +3,7 @@
 //! members on writer threads, all at once, with the checkpoint moved in row order.
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender, SyncSender};
 use std::sync::Arc;
 
@@ -16,6 +17,17 @@ use crate::aligned::AlignedBuf;
 /// between finishing a window and being given the next (its latency and the threads' wake-ups,
 /// every window).
 const STAGE_DEPTH: usize = 2;
+
+/// Windows whose buffers the pipeline holds at once: STAGE_DEPTH read, one computed,
+/// STAGE_DEPTH written.
+const WINDOWS_HELD: u64 = 2 * STAGE_DEPTH as u64 + 1;
+
+/// Reader threads, each keeping its own spare buffers (`aligned::recycle`).
+const READER_THREADS: usize = STAGE_DEPTH;
+
+/// What a rebuild's buffers may hold at once unless set (`Array::set_rebuild_memory`): the
+/// server's default buffer pool.
+pub(super) const DEFAULT_REBUILD_MEMORY: u64 = 256 << 20;
 
 /// The nice value of the rebuild pipeline's reader and writer threads, below the default. They
 /// mostly wait on drives and hand work on, so they take little CPU; but when one wakes while
@@ -34,6 +46,35 @@ fn favour_this_thread() {
 }
 
 impl Array {
+    /// (smallest, first, largest) rows per batch of an adaptive rebuild: from an eighth of the
+    /// default batch under client load to four times it idle, none of them so large that the
+    /// windows in flight and the reader threads' spare buffers hold more than the rebuild's
+    /// memory (`set_rebuild_memory`); exactly the rows set with `set_rebuild_batch_rows`.
+    pub fn rebuild_batch_bounds(&self) -> (u64, u64, u64) {
+        let n = self.rebuild_batch_rows();
+        if self.rebuild_batch.load(Ordering::Relaxed) != 0 {
+            return (n, n, n);
+        }
+        let spares = (READER_THREADS * crate::aligned::SPARE_BYTES) as u64;
+        let room = self
+            .rebuild_memory
+            .load(Ordering::Relaxed)
+            .saturating_sub(spares);
+        let row = (self.geo.strip * self.geo.members as u64).max(1);
+        // A window also fits a reader's spares whole: one that did not came back in part, and
+        // the rest was allocated and zeroed afresh every window (a third slower).
+        let spare_rows = crate::aligned::SPARE_BYTES as u64 / row;
+        let cap = (room / (row * WINDOWS_HELD)).min(spare_rows).max(1);
+        ((n / 8).max(1).min(cap), n.min(cap), (n * 4).min(cap))
+    }
+
+    /// Bounds the bytes of buffers a rebuild holds at once (about; at least one row's windows):
+    /// the server sets its buffer pool's size, so rebuilding beside the data path at most
+    /// doubles what `--buffer-pool` allows for data. Unset: 256 MiB.
+    pub fn set_rebuild_memory(&self, bytes: u64) {
+        self.rebuild_memory.store(bytes, Ordering::Relaxed);
+    }
+
     /// Rebuilds from row `start` as a pipeline: while earlier windows are written to their
     /// targets (on writer threads), the next one's strips are computed here and the ones after
     /// are read (on reader threads, each with its own ring), so the surviving drives, the CPU

@@ -86,17 +86,6 @@ impl Array {
         }
     }
 
-    /// (smallest, first, largest) rows per batch of an adaptive rebuild: from an eighth of the
-    /// default batch under client load to four times it idle; exactly the rows set with
-    /// `set_rebuild_batch_rows`.
-    pub fn rebuild_batch_bounds(&self) -> (u64, u64, u64) {
-        let n = self.rebuild_batch_rows();
-        if self.rebuild_batch.load(Ordering::Relaxed) != 0 {
-            return (n, n, n);
-        }
-        ((n / 8).max(1), n, n * 4)
-    }
-
     /// Sets the rows per rebuild batch (0: the default), for tests that want many batches.
     pub fn set_rebuild_batch_rows(&self, rows: u64) {
         self.rebuild_batch.store(rows, Ordering::Relaxed);
