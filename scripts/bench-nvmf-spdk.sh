@@ -149,7 +149,8 @@ for level in raid0 raid6; do
     r1=$(member_bytes read); w1=$(member_bytes write)
     # Per byte the host wrote: 1.5 written and none read is every stripe written whole (4 data
     # members and 2 parity); reads are read-modify-writes of stripes written in pieces.
-    echo "  $level: members wrote $(awk -v a="$w0" -v b="$w1" -v n="${six[$level]}" -v s="$secs" 'BEGIN { printf "%.2f", (b - a) / (n * s * 131072) }') and read $(awk -v a="$r0" -v b="$r1" -v n="${six[$level]}" -v s="$secs" 'BEGIN { printf "%.2f", (b - a) / (n * s * 131072) }') bytes per byte written" >&2
+    per_byte() { awk -v a="$1" -v b="$2" -v n="${six[$level]}" -v s="$secs" 'BEGIN { printf "%.2f", (b - a) / (n * s * 131072) }'; }
+    echo "  $level: members wrote $(per_byte "$w0" "$w1") and read $(per_byte "$r0" "$r1") bytes per byte written" >&2
     stop_millrace
 done
 

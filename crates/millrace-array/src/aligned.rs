@@ -102,12 +102,13 @@ pub const SPARE_BYTES: usize = 32 << 20;
 pub fn recycle(bufs: impl IntoIterator<Item = AlignedBuf>) {
     SPARE.with(|s| {
         let mut s = s.borrow_mut();
+        let mut held: usize = s.iter().map(|b| b.len()).sum();
         for b in bufs {
             if b.len() > SPARE_BYTES {
                 continue;
             }
+            held += b.len();
             s.push(b);
-            let mut held: usize = s.iter().map(|b| b.len()).sum();
             while s.len() > 64 || held > SPARE_BYTES {
                 held -= s.remove(0).len();
             }

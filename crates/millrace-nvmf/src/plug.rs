@@ -20,19 +20,19 @@ use millrace_io::IoBuf;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Where a write's blocks go, and its namespace's write granule in blocks (non-zero).
+/// Where a write's blocks end, and its namespace's write granule in blocks (non-zero).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Span {
     pub nsid: u32,
-    pub slba: u64,
     pub end: u64,
     pub granule: u64,
 }
 
 impl Span {
-    /// Whether `next` begins where this ends, inside one of this write's granules.
-    pub fn continued_by(&self, next: &Span) -> bool {
-        next.nsid == self.nsid && next.slba == self.end && !self.end.is_multiple_of(self.granule)
+    /// Whether a write to namespace `nsid` beginning at block `slba` continues this one inside
+    /// one of its granules.
+    pub fn continued_at(&self, nsid: u32, slba: u64) -> bool {
+        nsid == self.nsid && slba == self.end && !self.end.is_multiple_of(self.granule)
     }
 }
 
@@ -101,10 +101,9 @@ impl Plug {
 mod tests {
     use super::*;
 
-    fn span(slba: u64, end: u64) -> Span {
+    fn ending_at(end: u64) -> Span {
         Span {
             nsid: 1,
-            slba,
             end,
             granule: 64,
         }
@@ -120,16 +119,12 @@ mod tests {
 
     #[test]
     fn a_write_is_continued_only_inside_its_granule_and_namespace() {
-        assert!(span(0, 32).continued_by(&span(32, 64)));
+        assert!(ending_at(32).continued_at(1, 32));
         // Ends on a granule boundary: the next write starts a span of its own.
-        assert!(!span(32, 64).continued_by(&span(64, 96)));
+        assert!(!ending_at(64).continued_at(1, 64));
         // Not adjacent, or another namespace.
-        assert!(!span(0, 32).continued_by(&span(40, 64)));
-        let other = Span {
-            nsid: 2,
-            ..span(32, 64)
-        };
-        assert!(!span(0, 32).continued_by(&other));
+        assert!(!ending_at(32).continued_at(1, 40));
+        assert!(!ending_at(32).continued_at(2, 32));
     }
 
     #[test]

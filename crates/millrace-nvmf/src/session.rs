@@ -149,7 +149,7 @@ impl Session {
         self.q.as_ref().map(|q| &q.share)
     }
 
-    /// Where a Write on this I/O queue puts its blocks, with its namespace's write granule;
+    /// Where a Write on this I/O queue ends, with its namespace's write granule;
     /// None for other commands and for namespaces whose device writes any span whole.
     pub(crate) fn write_span(&self, sqe: &Sqe) -> Option<crate::plug::Span> {
         let q = self.q.as_ref().filter(|q| q.qid != 0)?;
@@ -160,7 +160,6 @@ impl Session {
         let end = sqe.slba().checked_add(u64::from(sqe.nlb()))?;
         (ns.granule_blocks > 0).then_some(crate::plug::Span {
             nsid: sqe.nsid(),
-            slba: sqe.slba(),
             end,
             granule: ns.granule_blocks,
         })

@@ -3,8 +3,8 @@
 //! back. Its own test binary: it lowers the process's descriptor limit.
 
 use millrace_block::MemBlockDevice;
-use millrace_nvmf::initiator::{HostController, HostOptions};
-use millrace_nvmf::pdu::{self, Head, IcReq};
+use millrace_nvmf::initiator::{ic_req_pdu, HostController, HostOptions};
+use millrace_nvmf::pdu;
 use millrace_nvmf::{Namespace, SubsystemConfig, Target, TargetConfig};
 use std::io::{Read, Write};
 use std::sync::Arc;
@@ -76,20 +76,7 @@ fn running_out_of_descriptors_does_not_stop_the_accept_loop() {
     // SAFETY: restores the limit read above.
     unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &old) };
     // The waiting connection is accepted and served.
-    let ic = pdu::encode(
-        &Head::IcReq(IcReq {
-            pfv: 0,
-            hpda: 0,
-            hdgst: false,
-            ddgst: false,
-            maxr2t: 0,
-        }),
-        &[],
-        false,
-        false,
-        1,
-    );
-    client.write_all(&ic).unwrap();
+    client.write_all(&ic_req_pdu()).unwrap();
     client
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();

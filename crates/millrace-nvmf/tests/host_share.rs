@@ -8,9 +8,9 @@ use millrace_block::MemBlockDevice;
 mod drained;
 use drained::wait_drained;
 use millrace_io::{BufPool, Cores, CoresConfig, PoolConfig};
-use millrace_nvmf::cmd::{fctype, io, ConnectData, Cqe, Sgl, Sqe, CQE_LEN};
-use millrace_nvmf::initiator::{HostController, HostOptions};
-use millrace_nvmf::pdu::{self, Head, IcReq, CH_LEN, IC_LEN};
+use millrace_nvmf::cmd::{io, Cqe, Sgl, Sqe, CQE_LEN};
+use millrace_nvmf::initiator::{connect_pdu, ic_req_pdu, HostController, HostOptions};
+use millrace_nvmf::pdu::{self, Head, CH_LEN, IC_LEN};
 use millrace_nvmf::{Namespace, SubsystemConfig, Target, TargetConfig};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -68,30 +68,9 @@ async fn stalled_queue(addr: SocketAddr, qid: u16, cntlid: u16, o: &HostOptions)
     let sock = TcpSocket::new_v4().unwrap();
     sock.set_recv_buffer_size(4096).unwrap();
     let mut s = sock.connect(addr).await.unwrap();
-    let ic = IcReq {
-        pfv: 0,
-        hpda: 0,
-        hdgst: false,
-        ddgst: false,
-        maxr2t: 0,
-    };
-    let b = pdu::encode(&Head::IcReq(ic), &[], false, false, 1);
-    s.write_all(&b).await.unwrap();
+    s.write_all(&ic_req_pdu()).await.unwrap();
     s.read_exact(&mut [0u8; IC_LEN]).await.unwrap();
-    let mut c = Sqe::fabrics(fctype::CONNECT, 0);
-    c.set_connect(qid, 127, 0);
-    let d = ConnectData {
-        hostid: o.hostid,
-        cntlid,
-        subnqn: NQN.into(),
-        hostnqn: o.hostnqn.clone(),
-    }
-    .encode();
-    c.set_sgl(Sgl::InCapsule {
-        offset: 0,
-        len: d.len() as u32,
-    });
-    s.write_all(&pdu::encode(&Head::Cmd(c), &d, false, false, 1))
+    s.write_all(&connect_pdu(o, NQN, qid, 128, cntlid))
         .await
         .unwrap();
     let r = response(&mut s).await;

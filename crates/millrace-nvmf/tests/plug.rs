@@ -6,9 +6,9 @@
 //! is raw PDUs on a socket, so the test decides when each write's data goes out.
 
 use millrace_block::{BlockDevice, MemBlockDevice};
-use millrace_nvmf::cmd::{fctype, io, ConnectData, Sgl, Sqe};
-use millrace_nvmf::initiator::{HostController, HostOptions};
-use millrace_nvmf::pdu::{encode, read_head, DataHdr, Head, IcReq, Negotiated, Side};
+use millrace_nvmf::cmd::{io, Sgl, Sqe};
+use millrace_nvmf::initiator::{connect_pdu, ic_req_pdu, HostController, HostOptions};
+use millrace_nvmf::pdu::{encode, read_head, DataHdr, Head, Negotiated, Side};
 use millrace_nvmf::{Namespace, SubsystemConfig, Target, TargetConfig};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -113,15 +113,7 @@ impl RawQueue {
         sock.set_nodelay(true).unwrap();
         let (rd, mut wr) = sock.into_split();
         let mut rd = BufReader::new(rd);
-        let ic = IcReq {
-            pfv: 0,
-            hpda: 0,
-            hdgst: false,
-            ddgst: false,
-            maxr2t: 0,
-        };
-        let pdu = encode(&Head::IcReq(ic), &[], false, false, 1);
-        wr.write_all(&pdu).await.unwrap();
+        wr.write_all(&ic_req_pdu()).await.unwrap();
         let init = Negotiated::initial();
         let (h, _, _) = read_head(&mut rd, Side::Host, &init).await.unwrap();
         assert!(matches!(h, Head::IcResp(_)), "{h:?}");
@@ -131,20 +123,7 @@ impl RawQueue {
             wr,
             ttag: HashMap::new(),
         };
-        let mut sqe = Sqe::fabrics(fctype::CONNECT, 0);
-        sqe.set_connect(1, 31, 0);
-        let d = ConnectData {
-            hostid: o.hostid,
-            cntlid: q._ctrl.cntlid,
-            subnqn: NQN.into(),
-            hostnqn: o.hostnqn.clone(),
-        }
-        .encode();
-        sqe.set_sgl(Sgl::InCapsule {
-            offset: 0,
-            len: d.len() as u32,
-        });
-        q.send(&encode(&Head::Cmd(sqe), &d, false, false, 1)).await;
+        q.send(&connect_pdu(&o, NQN, 1, 32, q._ctrl.cntlid)).await;
         assert_eq!(q.completion().await, 0);
         q
     }

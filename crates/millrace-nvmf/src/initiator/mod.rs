@@ -520,6 +520,31 @@ pub async fn discover(addr: SocketAddr, o: &HostOptions) -> Result<Vec<Discovery
     Ok(out)
 }
 
+/// An ICReq PDU asking for no digests, for tests that speak raw PDUs.
+pub fn ic_req_pdu() -> Vec<u8> {
+    let ic = IcReq {
+        pfv: 0,
+        hpda: 0,
+        hdgst: false,
+        ddgst: false,
+        maxr2t: 0,
+    };
+    encode(&Head::IcReq(ic), &[], false, false, 1)
+}
+
+/// A Connect command PDU for tests that speak raw PDUs: queue `qid` of `entries` entries,
+/// joining controller `cntlid` (0xffff: a new one), its Connect data in the capsule, no digests.
+pub fn connect_pdu(o: &HostOptions, subnqn: &str, qid: u16, entries: u16, cntlid: u16) -> Vec<u8> {
+    let mut sqe = Sqe::fabrics(fctype::CONNECT, 0);
+    sqe.set_connect(qid, entries - 1, 0);
+    let d = connect_data(o, subnqn, cntlid);
+    sqe.set_sgl(Sgl::InCapsule {
+        offset: 0,
+        len: d.len() as u32,
+    });
+    encode(&Head::Cmd(sqe), &d, false, false, 1)
+}
+
 /// Connect data for tests that build their own Connect commands.
 pub fn connect_data(o: &HostOptions, subnqn: &str, cntlid: u16) -> Vec<u8> {
     let d = ConnectData {

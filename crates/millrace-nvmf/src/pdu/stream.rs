@@ -58,12 +58,21 @@ pub async fn read_data<R: AsyncRead + Unpin>(
 ) -> Result<bool, std::io::Error> {
     debug_assert_eq!(dst.len(), f.data_len);
     r.read_exact(dst).await?;
-    if f.ddgst {
-        let mut d = [0u8; DIGEST_LEN];
-        r.read_exact(&mut d).await?;
-        return Ok(digest(dst) == u32::from_le_bytes(d));
+    data_digest_ok(r, f, dst).await
+}
+
+/// Reads the data digest that follows `data`, if the PDU has one, and checks it.
+async fn data_digest_ok<R: AsyncRead + Unpin>(
+    r: &mut R,
+    f: &Frame,
+    data: &[u8],
+) -> Result<bool, std::io::Error> {
+    if !f.ddgst {
+        return Ok(true);
     }
-    Ok(true)
+    let mut d = [0u8; DIGEST_LEN];
+    r.read_exact(&mut d).await?;
+    Ok(digest(data) == u32::from_le_bytes(d))
 }
 
 /// [`read_data`] from a buffered stream: what the buffer holds is copied, the rest of long data
@@ -87,12 +96,7 @@ pub async fn read_data_direct<R: AsyncRead + Unpin>(
         done += n;
     }
     r.read_exact(&mut dst[done..]).await?;
-    if f.ddgst {
-        let mut d = [0u8; DIGEST_LEN];
-        r.read_exact(&mut d).await?;
-        return Ok(digest(dst) == u32::from_le_bytes(d));
-    }
-    Ok(true)
+    data_digest_ok(r, f, dst).await
 }
 
 /// Reads and drops a PDU's data (for data that has nowhere to go), in bounded pieces.

@@ -3,8 +3,9 @@
 //! into a buffer of the pool; the queue's [`Session`] handles each command; I/O commands run in
 //! their own tasks on the same core, awaiting the device's completion; a writer task owns the
 //! socket's sending half and sends batches of PDUs with vectored writes, read data straight
-//! from the buffer the device filled (`reply`). Nothing here is shared with other connections except what
-//! the session reaches (the controller and the namespaces, lock-free on the I/O path).
+//! from the buffer the device filled (`reply`). Nothing here is shared with other connections
+//! except what the session reaches (the controller and the namespaces, lock-free on the I/O
+//! path).
 
 use crate::cmd::{self, Cqe, Sqe, Status, Transfer};
 use crate::gather::Fmt;

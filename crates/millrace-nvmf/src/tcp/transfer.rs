@@ -165,12 +165,10 @@ impl Conn {
         pending
             .iter()
             .find(|(_, q)| {
-                let next = crate::plug::Span {
-                    nsid: q.sqe.nsid(),
-                    slba: q.sqe.slba(),
-                    ..span
-                };
-                q.sqe.opcode() == cmd::io::WRITE && !q.sqe.is_fabrics() && span.continued_by(&next)
+                let s = &q.sqe;
+                s.opcode() == cmd::io::WRITE
+                    && !s.is_fabrics()
+                    && span.continued_at(s.nsid(), s.slba())
             })
             .map(|(cid, _)| *cid)
     }
