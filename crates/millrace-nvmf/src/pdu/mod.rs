@@ -11,12 +11,14 @@
 //   frame:   the common header and where a PDU's parts lie (`Ch`, `Frame`, `frame`)
 //   head:    the per-type headers (`Head`), decoded and encoded
 //   codec:   whole PDUs in a byte buffer (`decode`, `encode_head`, `encode`)
+//   inbound: a stream's read buffer whose next fill can be bounded (`Inbound`)
 //   stream:  PDUs read piece by piece from a stream (`read_head`, `read_data`, `skip_data`)
 mod codec;
 mod consts;
 mod error;
 mod frame;
 mod head;
+mod inbound;
 mod stream;
 
 pub use codec::{decode, encode, encode_head, encode_head_into, Pdu};
@@ -27,6 +29,7 @@ pub use consts::{
 pub use error::{PduError, ReadError};
 pub use frame::{frame, Ch, Frame, Negotiated, Side};
 pub use head::{decode_head, DataHdr, Head, IcReq, IcResp, R2t};
+pub use inbound::Inbound;
 pub use stream::{read_data, read_data_direct, read_head, read_head_into, skip_data};
 
 #[cfg(test)]

@@ -5,12 +5,14 @@ use super::consts::{digest, CH_LEN, DIGEST_LEN};
 use super::error::{PduError, ReadError};
 use super::frame::{frame, Ch, Frame, Negotiated, Side};
 use super::head::{decode_head, le32, Head};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
+use super::inbound::Inbound;
+use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// Data at least this long that a read buffer does not already hold goes from the socket
-/// straight into its destination: through the buffer it was copied twice (a 128 KiB write's
-/// data half the time, 3% of the core in RAID6 writes over NVMe/TCP). Shorter data still comes
-/// through the buffer, whose one read takes in the next PDUs' headers with it.
+/// straight into its destination: through the buffer it was copied twice. Shorter data still
+/// comes through the buffer, whose one read takes in the next PDUs' headers with it. (What the
+/// buffer took in with the header is copied from it; a reader expecting data bounds that fill,
+/// see [`Inbound`].)
 const DIRECT_MIN: usize = 16 * 1024;
 
 /// Reads the next PDU header from a stream and checks it (header digest included), leaving the
@@ -78,7 +80,7 @@ async fn data_digest_ok<R: AsyncRead + Unpin>(
 /// [`read_data`] from a buffered stream: what the buffer holds is copied, the rest of long data
 /// is read from the stream into `dst` itself.
 pub async fn read_data_direct<R: AsyncRead + Unpin>(
-    r: &mut BufReader<R>,
+    r: &mut Inbound<R>,
     f: &Frame,
     dst: &mut [u8],
 ) -> Result<bool, std::io::Error> {

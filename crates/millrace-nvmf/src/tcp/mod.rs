@@ -12,8 +12,8 @@ use crate::gather::Fmt;
 use crate::io_commands::IoDone;
 use crate::model::Inner;
 use crate::pdu::{
-    self, encode, read_data_direct, read_head, read_head_into, Frame, Head, IcResp, Negotiated,
-    PduError, ReadError, Side,
+    self, encode, read_data_direct, read_head, read_head_into, Frame, Head, IcResp, Inbound,
+    Negotiated, PduError, ReadError, Side,
 };
 use crate::plug::Plug;
 use crate::session::{Action, Session};
@@ -27,7 +27,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -68,7 +68,7 @@ struct Conn {
     peer: SocketAddr,
     neg: Negotiated,
     maxh2cdata: usize,
-    rd: BufReader<OwnedReadHalf>,
+    rd: Inbound<OwnedReadHalf>,
     reply: Replier,
     session: Session,
     pending: Arc<Mutex<HashMap<u16, Pending>>>,
@@ -96,7 +96,7 @@ pub(crate) async fn serve_connection(
     let _ = sock.set_nodelay(true);
     let local = sock.local_addr().ok();
     let (rd, mut wr) = sock.into_split();
-    let mut rd = BufReader::with_capacity(64 * 1024, rd);
+    let mut rd = Inbound::with_capacity(64 * 1024, rd);
     let handshake_deadline = Instant::now() + t.cfg.handshake_timeout;
     let Some(ic) = ic_req(&t, &mut rd, &mut wr, peer, handshake_deadline).await else {
         return;
@@ -181,7 +181,7 @@ pub(crate) async fn serve_connection(
 /// refused is answered with a C2HTermReq, and None closes the connection.
 async fn ic_req(
     t: &Inner,
-    rd: &mut BufReader<OwnedReadHalf>,
+    rd: &mut Inbound<OwnedReadHalf>,
     wr: &mut OwnedWriteHalf,
     peer: SocketAddr,
     deadline: Instant,
@@ -292,10 +292,12 @@ impl Conn {
     /// idle host sends nothing; keep-alive watches its controller), until the handshake
     /// deadline on a queue not yet connected.
     async fn next_pdu_begins(&mut self) -> Result<(), Stop> {
+        let limit = self.fill_limit();
         let r = match self.session.is_connected() {
-            true => self.rd.fill_buf().await.map(|b| b.is_empty()),
+            true => self.rd.fill_limited(limit).await.map(|b| b.is_empty()),
             false => {
-                match tokio::time::timeout_at(self.handshake_deadline, self.rd.fill_buf()).await {
+                let first = self.rd.fill_limited(limit);
+                match tokio::time::timeout_at(self.handshake_deadline, first).await {
                     Ok(r) => r.map(|b| b.is_empty()),
                     Err(_) => return Err(self.timed_out("a Connect")),
                 }
@@ -305,6 +307,17 @@ impl Conn {
             Ok(false) => Ok(()),
             _ => Err(Stop::Quiet),
         }
+    }
+
+    /// How much the next read of the socket may take in. While R2Ts await their data the next
+    /// PDU is most likely H2CData: then no further than its header (with its digest), so that
+    /// its data goes from the socket straight to its buffer (`Inbound`); another PDU's header
+    /// is longer, and its rest comes with the following read.
+    fn fill_limit(&self) -> usize {
+        if self.pending.lock().is_empty() {
+            return usize::MAX;
+        }
+        pdu::DATA_HLEN + if self.neg.hdgst { pdu::DIGEST_LEN } else { 0 }
     }
 
     /// Reads a PDU's data, which must follow its header within the PDU timeout.
