@@ -14,10 +14,13 @@
 # tree (build/bin/nvmf_tgt, build/bin/spdk_nvme_perf, scripts/rpc.py). Without it this script says
 # so and stops: the initiator is SPDK's too, so there is nothing to compare without it.
 # Timing: run it on a quiet machine (nothing else compiling), as root (SPDK without hugepages).
-# Usage: SPDK_DIR=/path/to/spdk scripts/bench-nvmf-spdk.sh [SECONDS]
+# ROUNDS=N runs each row N times in a row and keeps the best round of each target (every round
+# is printed): this machine has slow spells that last a whole run, for either target.
+# Usage: SPDK_DIR=/path/to/spdk [ROUNDS=N] scripts/bench-nvmf-spdk.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}
+rounds=${ROUNDS:-1}
 member_mib=${MEMBER_MIB:-512}
 spdk=${SPDK_DIR:-}
 peers=${PEERS:-malloc files}
@@ -71,24 +74,40 @@ measure() {
     for row in "${rows[@]}"; do
         read -r w bs qd <<<"$row"
         run_perf "$port" "$nqn" "$w" "$bs" "$qd" 2 >/dev/null # warm
-        local t0 t1 c0 c1 iops
-        t0=$(cpu_ticks "$pid"); c0=$(cpu_stat 0)
-        iops=$(run_perf "$port" "$nqn" "$w" "$bs" "$qd" "$secs")
-        c1=$(cpu_stat 0); t1=$(cpu_ticks "$pid")
-        local ios; ios=$(awk -v r="$iops" -v s="$secs" 'BEGIN { printf "%d", r * s }')
-        iops_of[$side $row]=$iops
-        if [[ $side == mr ]]; then
-            cpu_of[$side $row]=$(us_per_io "$t0" "$t1" "$ios")
-        else
-            cpu_of[$side $row]=$(awk -v s="$secs" -v n="$ios" 'BEGIN { printf "%.1f", s * 1e6 / n }')
+        local k
+        for ((k = 1; k <= rounds; k++)); do
+            local t0 t1 c0 c1 iops cpu
+            t0=$(cpu_ticks "$pid"); c0=$(cpu_stat 0)
+            iops=$(run_perf "$port" "$nqn" "$w" "$bs" "$qd" "$secs")
+            c1=$(cpu_stat 0); t1=$(cpu_ticks "$pid")
+            local ios; ios=$(awk -v r="$iops" -v s="$secs" 'BEGIN { printf "%d", r * s }')
+            if [[ $side == mr ]]; then
+                cpu=$(us_per_io "$t0" "$t1" "$ios")
+            else
+                cpu=$(awk -v s="$secs" -v n="$ios" 'BEGIN { printf "%.1f", s * 1e6 / n }')
+            fi
+            read -r b0 a0 <<<"$c0"; read -r b1 a1 <<<"$c1"
+            # Did the target have CPU 0 to itself? Its own share of the core, and what else ran there.
+            local share
+            share=$(awk -v b=$((b1 - b0)) -v a=$((a1 - a0)) -v t=$((t1 - t0)) \
+                'BEGIN { o = 100 * (b - t) / a; if (o < 0) o = 0; printf "target %.0f%% of CPU 0, others %.0f%%", 100 * t / a, o }')
+            echo "  $side $row (round $k): $iops IOPS, $cpu us/I/O; $share" >&2
+            case $share in
+                *"others "[0-4]%)
+                    # The best round stands for the row: this machine has slow spells that hit
+                    # either target for a whole run (docs/PERFORMANCE.md).
+                    if [[ -z ${iops_of[$side $row]:-} ]] || awk -v a="$iops" -v b="${iops_of[$side $row]}" 'BEGIN { exit !(a > b) }'; then
+                        iops_of[$side $row]=$iops
+                        cpu_of[$side $row]=$cpu
+                    fi
+                    ;;
+                *) echo "  WARNING: CPU 0 was shared with other work; this round counts only if none is clean" >&2 ;;
+            esac
+        done
+        if [[ -z ${iops_of[$side $row]:-} ]]; then
+            iops_of[$side $row]=$iops
+            cpu_of[$side $row]=$cpu
         fi
-        read -r b0 a0 <<<"$c0"; read -r b1 a1 <<<"$c1"
-        # Did the target have CPU 0 to itself? Its own share of the core, and what else ran there.
-        local share
-        share=$(awk -v b=$((b1 - b0)) -v a=$((a1 - a0)) -v t=$((t1 - t0)) \
-            'BEGIN { o = 100 * (b - t) / a; if (o < 0) o = 0; printf "target %.0f%% of CPU 0, others %.0f%%", 100 * t / a, o }')
-        echo "  $side $row: $iops IOPS; $share" >&2
-        case $share in *"others "[0-4]%) ;; *) echo "  WARNING: CPU 0 was shared with other work; do not trust this row" >&2 ;; esac
     done
 }
 
@@ -144,13 +163,18 @@ for level in raid0 raid6; do
     start_millrace "$tmp/home-$level" 0 "$level" 6 "${member_mib}M" --nvme 127.0.0.1:4420 --discovery-port 8019 --api 127.0.0.1:8749
     "$m" export nvme add bench/v --host "$host" >/dev/null
     run_perf 4420 "$nqn" write 1048576 8 "$(( member_mib * 6 / 400 + 3 ))" >/dev/null
-    r0=$(member_bytes read); w0=$(member_bytes write)
-    six[$level]=$(run_perf 4420 "$nqn" write 131072 16 "$secs")
-    r1=$(member_bytes read); w1=$(member_bytes write)
-    # Per byte the host wrote: 1.5 written and none read is every stripe written whole (4 data
-    # members and 2 parity); reads are read-modify-writes of stripes written in pieces.
-    per_byte() { awk -v a="$1" -v b="$2" -v n="${six[$level]}" -v s="$secs" 'BEGIN { printf "%.2f", (b - a) / (n * s * 131072) }'; }
-    echo "  $level: members wrote $(per_byte "$w0" "$w1") and read $(per_byte "$r0" "$r1") bytes per byte written" >&2
+    for ((k = 1; k <= rounds; k++)); do
+        r0=$(member_bytes read); w0=$(member_bytes write)
+        iops=$(run_perf 4420 "$nqn" write 131072 16 "$secs")
+        r1=$(member_bytes read); w1=$(member_bytes write)
+        # Per byte the host wrote: 1.5 written and none read is every stripe written whole (4 data
+        # members and 2 parity); reads are read-modify-writes of stripes written in pieces.
+        per_byte() { awk -v a="$1" -v b="$2" -v n="$iops" -v s="$secs" 'BEGIN { printf "%.2f", (b - a) / (n * s * 131072) }'; }
+        echo "  $level (round $k): $iops IOPS; members wrote $(per_byte "$w0" "$w1") and read $(per_byte "$r0" "$r1") bytes per byte written" >&2
+        if [[ -z ${six[$level]:-} ]] || awk -v a="$iops" -v b="${six[$level]}" 'BEGIN { exit !(a > b) }'; then
+            six[$level]=$iops
+        fi
+    done
     stop_millrace
 done
 
