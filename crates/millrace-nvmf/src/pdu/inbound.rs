@@ -2,16 +2,16 @@
 //! can be told to take in less than the buffer holds.
 //!
 //! Why: a target that has sent R2Ts expects H2CData PDUs, each a short header and up to 128 KiB
-//! of data that `read_data_direct` reads from the socket straight into the command's buffer. A
-//! full fill for the header takes in the first 64 KiB of that data too, which must then be
-//! copied out of the read buffer: 4-5% of the core in 128K writes over NVMe/TCP, 1% when the
-//! fill stops at the header (docs/PERFORMANCE.md). `BufReader` has no way to bound one fill,
-//! hence this small type by hand.
+//! of data that [`Inbound::read_exact_direct`] takes from the socket straight into the
+//! command's pool buffer. A full fill for the header takes in the first 64 KiB of that data
+//! too, which must then be copied out of the read buffer: 4-5% of the core in 128K writes over
+//! NVMe/TCP, 1% when the fill stops at the header (docs/PERFORMANCE.md). `BufReader` has no
+//! way to bound one fill, hence this small type by hand.
 
 use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
-use tokio::io::{AsyncBufRead, AsyncRead, ReadBuf};
+use tokio::io::{AsyncBufRead, AsyncRead, AsyncReadExt, ReadBuf};
 
 pub struct Inbound<R> {
     inner: R,
@@ -35,14 +35,29 @@ impl<R: AsyncRead + Unpin> Inbound<R> {
         &self.buf[self.pos..self.end]
     }
 
-    /// The stream itself, for reads that bypass the buffer: only while [`Self::buffer`] is
-    /// empty, or the bytes it holds would be read out of order.
-    pub fn get_mut(&mut self) -> &mut R {
-        &mut self.inner
-    }
-
     pub fn consume(&mut self, n: usize) {
         self.pos = (self.pos + n).min(self.end);
+    }
+
+    /// Reads exactly `dst.len()` bytes: what the buffer holds first; then, while at least
+    /// `direct_min` bytes are left, straight from the stream into `dst` (read through the buffer
+    /// they would be copied twice); a shorter rest through the buffer, whose one read takes in
+    /// what follows with it.
+    pub async fn read_exact_direct(&mut self, dst: &mut [u8], direct_min: usize) -> io::Result<()> {
+        let held = self.buffer().len().min(dst.len());
+        dst[..held].copy_from_slice(&self.buffer()[..held]);
+        self.consume(held);
+        let mut done = held;
+        // The buffer is empty whenever data is left: what the stream gives next is this data.
+        while dst.len() - done >= direct_min.max(1) {
+            let n = self.inner.read(&mut dst[done..]).await?;
+            if n == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            done += n;
+        }
+        self.read_exact(&mut dst[done..]).await?;
+        Ok(())
     }
 
     /// What the buffer holds; when empty, first fills it with what one read of the stream gives,
@@ -99,15 +114,19 @@ impl<R: AsyncRead + Unpin> AsyncBufRead for Inbound<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, DuplexStream};
+
+    /// `len` patterned bytes sent and the stream closed, read through a buffer of `capacity`.
+    async fn sent(len: u32, capacity: usize) -> (Vec<u8>, Inbound<DuplexStream>) {
+        let (mut tx, rx) = tokio::io::duplex(1 << 20);
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+        tx.write_all(&data).await.unwrap();
+        (data, Inbound::with_capacity(capacity, rx))
+    }
 
     #[tokio::test]
     async fn a_limited_fill_leaves_the_rest_in_the_stream() {
-        let (mut tx, rx) = tokio::io::duplex(1 << 20);
-        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
-        tx.write_all(&data).await.unwrap();
-        drop(tx);
-        let mut r = Inbound::with_capacity(64 * 1024, rx);
+        let (data, mut r) = sent(100_000, 64 * 1024).await;
         assert_eq!(r.fill_limited(24).await.unwrap(), &data[..24]);
         r.consume(24);
         // Empty buffer: a long read goes to the stream itself, in order.
@@ -123,6 +142,22 @@ mod tests {
         r.consume(rest.len());
         assert_eq!(rest, data[70_034..]);
         assert!(r.fill_limited(8).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_direct_read_takes_the_buffer_then_the_stream() {
+        let (data, mut r) = sent(300_000, 4096).await;
+        let mut head = [0u8; 28];
+        r.read_exact(&mut head).await.unwrap();
+        assert_eq!(head, data[..28]);
+        let mut dst = vec![0u8; 200_000];
+        r.read_exact_direct(&mut dst, 16 * 1024).await.unwrap();
+        assert_eq!(dst, data[28..200_028]);
+        let mut rest = vec![0u8; 99_972];
+        r.read_exact_direct(&mut rest, 16 * 1024).await.unwrap();
+        assert_eq!(rest, data[200_028..]);
+        let mut more = [0u8; 1];
+        assert!(r.read_exact_direct(&mut more, 16 * 1024).await.is_err());
     }
 
     #[tokio::test]

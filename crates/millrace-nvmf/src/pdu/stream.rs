@@ -85,19 +85,7 @@ pub async fn read_data_direct<R: AsyncRead + Unpin>(
     dst: &mut [u8],
 ) -> Result<bool, std::io::Error> {
     debug_assert_eq!(dst.len(), f.data_len);
-    let held = r.buffer().len().min(dst.len());
-    dst[..held].copy_from_slice(&r.buffer()[..held]);
-    r.consume(held);
-    let mut done = held;
-    // The buffer is empty whenever data is left: what the stream gives next is this data.
-    while dst.len() - done >= DIRECT_MIN {
-        let n = r.get_mut().read(&mut dst[done..]).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        done += n;
-    }
-    r.read_exact(&mut dst[done..]).await?;
+    r.read_exact_direct(dst, DIRECT_MIN).await?;
     data_digest_ok(r, f, dst).await
 }
 
