@@ -11,7 +11,7 @@
 use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
-use tokio::io::{AsyncBufRead, AsyncRead, AsyncReadExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 
 pub struct Inbound<R> {
     inner: R,
@@ -99,22 +99,10 @@ impl<R: AsyncRead + Unpin> AsyncRead for Inbound<R> {
     }
 }
 
-impl<R: AsyncRead + Unpin> AsyncBufRead for Inbound<R> {
-    fn poll_fill_buf(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
-        let me = self.get_mut();
-        let cap = me.buf.len();
-        me.poll_fill(cx, cap)
-    }
-
-    fn consume(self: Pin<&mut Self>, n: usize) {
-        self.get_mut().consume(n);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, DuplexStream};
+    use tokio::io::{AsyncWriteExt, DuplexStream};
 
     /// `len` patterned bytes sent and the stream closed, read through a buffer of `capacity`.
     async fn sent(len: u32, capacity: usize) -> (Vec<u8>, Inbound<DuplexStream>) {
@@ -138,7 +126,7 @@ mod tests {
         r.read_exact(&mut small).await.unwrap();
         assert_eq!(small, data[70_024..70_034]);
         assert_eq!(r.buffer(), &data[70_034..]);
-        let rest = r.fill_buf().await.unwrap().to_vec();
+        let rest = r.fill_limited(usize::MAX).await.unwrap().to_vec();
         r.consume(rest.len());
         assert_eq!(rest, data[70_034..]);
         assert!(r.fill_limited(8).await.unwrap().is_empty());
