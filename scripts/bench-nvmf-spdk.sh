@@ -61,6 +61,11 @@ rows=("randread 4096 64" "randwrite 4096 64" "read 131072 16" "write 131072 16")
 # keyed by "SIDE ROW"; sides: mr (Millrace), malloc and files (SPDK over either kind of member)
 declare -A iops_of cpu_of
 
+# beats IOPS BEST: whether a round's IOPS beat the best so far (none yet: any round does). The
+# best round stands for the row: this machine has slow spells that hit either target for a
+# whole run (docs/PERFORMANCE.md).
+beats() { [[ -z $2 ]] || awk -v a="$1" -v b="$2" 'BEGIN { exit !(a > b) }'; }
+
 # one side: PORT NQN PID SIDE (fills iops_of and cpu_of under "SIDE ROW")
 measure() {
     local port=$1 nqn=$2 pid=$3 side=$4
@@ -94,9 +99,7 @@ measure() {
             echo "  $side $row (round $k): $iops IOPS, $cpu us/I/O; $share" >&2
             case $share in
                 *"others "[0-4]%)
-                    # The best round stands for the row: this machine has slow spells that hit
-                    # either target for a whole run (docs/PERFORMANCE.md).
-                    if [[ -z ${iops_of[$side $row]:-} ]] || awk -v a="$iops" -v b="${iops_of[$side $row]}" 'BEGIN { exit !(a > b) }'; then
+                    if beats "$iops" "${iops_of[$side $row]:-}"; then
                         iops_of[$side $row]=$iops
                         cpu_of[$side $row]=$cpu
                     fi
@@ -159,6 +162,10 @@ echo "Millrace RAID6 against RAID0 over the same 6 members, 128K sequential writ
 # member_bytes read|write: bytes the members moved so far, all members together (the server's metrics)
 member_bytes() { curl -s 127.0.0.1:8749/metrics | awk -v op="$1" '$1 ~ "^millrace_member_" op "_bytes_total" { s += $2 } END { printf "%.0f", s }'; }
 declare -A six
+# per_byte BEFORE AFTER: member bytes per byte the host wrote in the round just run ($iops). 1.5
+# written and none read is every stripe written whole (4 data members and 2 parity); reads are
+# read-modify-writes of stripes written in pieces.
+per_byte() { awk -v a="$1" -v b="$2" -v n="$iops" -v s="$secs" 'BEGIN { printf "%.2f", (b - a) / (n * s * 131072) }'; }
 for level in raid0 raid6; do
     start_millrace "$tmp/home-$level" 0 "$level" 6 "${member_mib}M" --nvme 127.0.0.1:4420 --discovery-port 8019 --api 127.0.0.1:8749
     "$m" export nvme add bench/v --host "$host" >/dev/null
@@ -167,11 +174,8 @@ for level in raid0 raid6; do
         r0=$(member_bytes read); w0=$(member_bytes write)
         iops=$(run_perf 4420 "$nqn" write 131072 16 "$secs")
         r1=$(member_bytes read); w1=$(member_bytes write)
-        # Per byte the host wrote: 1.5 written and none read is every stripe written whole (4 data
-        # members and 2 parity); reads are read-modify-writes of stripes written in pieces.
-        per_byte() { awk -v a="$1" -v b="$2" -v n="$iops" -v s="$secs" 'BEGIN { printf "%.2f", (b - a) / (n * s * 131072) }'; }
         echo "  $level (round $k): $iops IOPS; members wrote $(per_byte "$w0" "$w1") and read $(per_byte "$r0" "$r1") bytes per byte written" >&2
-        if [[ -z ${six[$level]:-} ]] || awk -v a="$iops" -v b="${six[$level]}" 'BEGIN { exit !(a > b) }'; then
+        if beats "$iops" "${six[$level]:-}"; then
             six[$level]=$iops
         fi
     done
