@@ -21,6 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}
 rounds=${ROUNDS:-1}
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "ROUNDS is '$rounds': give the number of rounds a row runs, 1 or more (ROUNDS=3)." >&2; exit 1; }
 member_mib=${MEMBER_MIB:-512}
 spdk=${SPDK_DIR:-}
 peers=${PEERS:-malloc files}
