@@ -38,6 +38,7 @@ use slab::Slab;
 use tokio::io::unix::AsyncFd;
 
 use crate::buf::IoBuf;
+use crate::mapped::Access;
 use crate::BufPool;
 
 struct BufCell(UnsafeCell<IoBuf>);
@@ -113,6 +114,8 @@ struct MemberOp {
     offset: u64,
     kind: OpKind,
     buf: Option<(SharedBuf, Range<usize>)>,
+    /// A write whose sectors the array repairs after a crash (see [`Batch::write_repaired`]).
+    repaired: bool,
 }
 
 /// Member operations that go to the kernel together; their results come back together.
@@ -147,6 +150,7 @@ impl Batch {
             offset,
             kind,
             buf: Some((buf.clone(), r)),
+            repaired: false,
         });
     }
 
@@ -167,6 +171,24 @@ impl Batch {
         self.io(fd, offset, OpKind::Write { fua }, buf, range)
     }
 
+    /// Writes `buf[range]` to `fd` at `offset` where a sector torn by a killed process is
+    /// repaired before anything reads it (parity under a write-intent bitmap, which resyncs the
+    /// row after a crash), so a file in memory may take it as a copy into its mapping
+    /// (`crate::mapped::Access::WriteRepaired`) instead of a pwrite.
+    pub fn write_repaired(
+        &mut self,
+        fd: RawFd,
+        offset: u64,
+        buf: &SharedBuf,
+        range: Range<usize>,
+        fua: bool,
+    ) {
+        self.write(fd, offset, buf, range, fua);
+        if let Some(op) = self.ops.last_mut() {
+            op.repaired = true;
+        }
+    }
+
     /// Makes `fd`'s completed writes durable. A batch gives no order between its entries, so a
     /// flush that must follow writes goes in a later batch.
     pub fn fsync(&mut self, fd: RawFd) {
@@ -175,6 +197,7 @@ impl Batch {
             offset: 0,
             kind: OpKind::Fsync,
             buf: None,
+            repaired: false,
         });
     }
 
@@ -359,8 +382,11 @@ pub struct RingStats {
     /// Operations on files in memory that this core ran inline instead (`crate::inline`).
     pub inline: AtomicU64,
     /// Of those, the ones run by `crate::mapped`: a read as a copy through the file's mapping,
-    /// a write as a pwrite that notes the chunks it filled.
+    /// a write as a pwrite that notes the chunks it filled (a repaired write as a copy into the
+    /// mapping).
     pub mapped: AtomicU64,
+    /// Of those, the writes copied into the mapping (`Batch::write_repaired`).
+    pub repaired: AtomicU64,
 }
 
 pub(crate) struct Ring {
@@ -396,11 +422,12 @@ fn run_inline(ops: &[MemberOp], state: &BatchState) -> bool {
         let Some(ring) = ring.as_ref() else {
             return false;
         };
-        let mut mapped = 0;
+        let (mut mapped, mut repaired) = (0, 0);
         for (i, op) in ops.iter().enumerate() {
             let r = match run_mapped(op) {
                 Some(r) => {
                     mapped += 1;
+                    repaired += u64::from(op.repaired);
                     r
                 }
                 None => run_sync(op),
@@ -410,6 +437,7 @@ fn run_inline(ops: &[MemberOp], state: &BatchState) -> bool {
         let stats = &ring.stats;
         stats.inline.fetch_add(ops.len() as u64, Ordering::Relaxed);
         stats.mapped.fetch_add(mapped, Ordering::Relaxed);
+        stats.repaired.fetch_add(repaired, Ordering::Relaxed);
         true
     })
 }
@@ -418,16 +446,17 @@ fn run_inline(ops: &[MemberOp], state: &BatchState) -> bool {
 /// mapping); None: run it by pread/pwrite.
 fn run_mapped(op: &MemberOp) -> Option<i64> {
     let (b, r) = op.buf.as_ref()?;
-    let read = match op.kind {
-        OpKind::Read => true,
-        // A FUA write of a file in memory is durable once its pwrite returns.
-        OpKind::Write { .. } => false,
+    let access = match op.kind {
+        OpKind::Read => Access::Read,
+        // A FUA write of a file in memory is durable once its pwrite (or copy) returns.
+        OpKind::Write { .. } if op.repaired => Access::WriteRepaired,
+        OpKind::Write { .. } => Access::Write,
         OpKind::Fsync => return None,
     };
     let (p, _) = b.raw();
     // SAFETY: the range was checked against the buffer, which this op keeps alive, and nothing
     // else touches it while the batch runs.
-    unsafe { crate::mapped::copy(op.fd, op.offset, p.add(r.start), r.end - r.start, read) }
+    unsafe { crate::mapped::copy(op.fd, op.offset, p.add(r.start), r.end - r.start, access) }
 }
 
 fn submit(ops: Vec<MemberOp>, state: &Arc<BatchState>) -> Result<(), Vec<MemberOp>> {

@@ -169,7 +169,7 @@ async fn ring_batch(
         );
         let fd = a.ring_fd(drives, m);
         if write {
-            batch.write(fd, off, &b, 0..b.len(), write_fua);
+            a.parity_write(&mut batch, fd, off, &b, 0..b.len(), write_fua);
         } else {
             batch.read(fd, off, &b, 0..b.len());
         }

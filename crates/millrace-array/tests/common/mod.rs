@@ -99,20 +99,26 @@ pub fn memory_rig(
 
 fn file_rig_in(
     dir: tempfile::TempDir,
-    allocate: bool,
+    memory: bool,
     level: Level,
     n: usize,
     group: Option<usize>,
     strip: usize,
     rows: usize,
 ) -> Rig {
-    let data_offset = 8192;
+    // In memory, room for a write-intent bitmap, under which parity is copied into the files'
+    // mappings (`Batch::write_repaired`); on disk the pools have none.
+    let data_offset = if memory {
+        millrace_array::bitmap::BITMAP_OFFSET as usize + 64 * 1024
+    } else {
+        8192
+    };
     let size = data_offset + strip * rows;
     let files: Vec<std::path::PathBuf> = (0..n).map(|i| dir.path().join(format!("d{i}"))).collect();
     let drives: Vec<Arc<dyn Drive>> = files
         .iter()
         .map(|p| {
-            if allocate {
+            if memory {
                 // Written, not sparse: reads go through the mapping only where no hole is.
                 std::fs::write(p, vec![0u8; size]).unwrap();
             } else {

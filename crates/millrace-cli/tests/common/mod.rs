@@ -46,7 +46,10 @@ pub struct Server(Child);
 
 impl Drop for Server {
     fn drop(&mut self) {
-        // SAFETY: a plain kill(2) of the child this test started.
+        if let Ok(Some(_)) = self.0.try_wait() {
+            return;
+        }
+        // SAFETY: a plain kill(2) of the child this test started, not yet reaped.
         unsafe {
             libc::kill(self.0.id() as i32, libc::SIGTERM);
         }
@@ -57,6 +60,14 @@ impl Drop for Server {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Server {
+    /// Kills the server outright (SIGKILL), as a crash would, and reaps it.
+    pub fn kill(mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
