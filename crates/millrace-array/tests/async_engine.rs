@@ -326,9 +326,7 @@ fn concurrent_partial_writes_filling_stripes_keep_parity_right() {
             entries >= ops.len() as u64,
             "{level}: partial writes went through the rings ({entries} entries)"
         );
-        let repaired: u64 = (0..2)
-            .map(|i| cores.ring_stats(i).repaired.load(Ordering::Relaxed))
-            .sum();
+        let repaired = repaired(&cores);
         if files == Files::Memory {
             assert!(repaired > 0, "{level}: parity was copied into the mappings");
         } else {
@@ -379,9 +377,7 @@ fn parity_torn_in_a_mapping_lies_in_a_marked_row_and_resync_repairs_it() {
         // Two whole rows in one request, and a part of a third (a read-modify-write).
         let ops = [write(1, (4 * fs, 2 * fs)), write(2, (9 * fs + 4096, 4096))];
         run_round(&cores, &pool, &rig.array, &ops);
-        let repaired: u64 = (0..2)
-            .map(|i| cores.ring_stats(i).repaired.load(Ordering::Relaxed))
-            .sum();
+        let repaired = repaired(&cores);
         assert!(repaired > 0, "{level}: parity was copied into the mappings");
         drop(cores);
         rig.check_redundancy()
@@ -413,6 +409,13 @@ fn parity_torn_in_a_mapping_lies_in_a_marked_row_and_resync_repairs_it() {
                 .unwrap_or_else(|e| panic!("{level}: after the resync, {e}"));
         }
     }
+}
+
+/// Parity writes the cores copied into member files' mappings (`Batch::write_repaired`).
+fn repaired(cores: &Cores) -> u64 {
+    (0..2)
+        .map(|i| cores.ring_stats(i).repaired.load(Ordering::Relaxed))
+        .sum()
 }
 
 /// Member operations the cores ran: entries on their rings, plus those on drive files in memory

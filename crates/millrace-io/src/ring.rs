@@ -139,7 +139,14 @@ impl Batch {
         self.ops.is_empty()
     }
 
-    fn io(&mut self, fd: RawFd, offset: u64, kind: OpKind, buf: &SharedBuf, r: Range<usize>) {
+    fn io(
+        &mut self,
+        fd: RawFd,
+        offset: u64,
+        kind: OpKind,
+        buf: &SharedBuf,
+        r: Range<usize>,
+    ) -> &mut MemberOp {
         let (_, len) = buf.raw();
         assert!(
             r.start <= r.end && r.end <= len,
@@ -152,11 +159,13 @@ impl Batch {
             buf: Some((buf.clone(), r)),
             repaired: false,
         });
+        let last = self.ops.len() - 1;
+        &mut self.ops[last]
     }
 
     /// Reads `buf[range]` from `fd` at `offset`.
     pub fn read(&mut self, fd: RawFd, offset: u64, buf: &SharedBuf, range: Range<usize>) {
-        self.io(fd, offset, OpKind::Read, buf, range)
+        self.io(fd, offset, OpKind::Read, buf, range);
     }
 
     /// Writes `buf[range]` to `fd` at `offset`.
@@ -168,7 +177,7 @@ impl Batch {
         range: Range<usize>,
         fua: bool,
     ) {
-        self.io(fd, offset, OpKind::Write { fua }, buf, range)
+        self.io(fd, offset, OpKind::Write { fua }, buf, range);
     }
 
     /// Writes `buf[range]` to `fd` at `offset` where a sector torn by a killed process is
@@ -183,10 +192,8 @@ impl Batch {
         range: Range<usize>,
         fua: bool,
     ) {
-        self.write(fd, offset, buf, range, fua);
-        if let Some(op) = self.ops.last_mut() {
-            op.repaired = true;
-        }
+        self.io(fd, offset, OpKind::Write { fua }, buf, range)
+            .repaired = true;
     }
 
     /// Makes `fd`'s completed writes durable. A batch gives no order between its entries, so a
