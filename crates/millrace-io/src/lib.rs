@@ -37,6 +37,6 @@ pub mod share;
 pub use buf::{IoBuf, ALIGN};
 pub use cores::{current_core, CoreTask, Cores, CoresConfig};
 pub use pool::{BufPool, PoolConfig, PoolUsage};
-pub use ring::{on_ring, Batch, OpKind, SharedBuf};
+pub use ring::{on_ring, Batch, OpKind, Results, SharedBuf};
 pub use scratch::scratch;
 pub use share::{Share, Shares};

@@ -40,6 +40,7 @@ use tokio::io::unix::AsyncFd;
 use crate::buf::IoBuf;
 use crate::mapped::Access;
 use crate::BufPool;
+use smallvec::SmallVec;
 
 struct BufCell(UnsafeCell<IoBuf>);
 // The cell is only read or written through `SharedBuf::get_mut` (which proves it is the only
@@ -118,16 +119,23 @@ struct MemberOp {
     repaired: bool,
 }
 
+/// A batch's operations: most requests make one to four.
+type Ops = SmallVec<[MemberOp; 4]>;
+
+/// A batch's results, one per operation in the order they were added: bytes moved, or the
+/// error.
+pub type Results = SmallVec<[io::Result<usize>; 4]>;
+
 /// Member operations that go to the kernel together; their results come back together.
 #[derive(Default)]
 pub struct Batch {
-    ops: Vec<MemberOp>,
+    ops: Ops,
 }
 
 impl Batch {
     pub fn with_capacity(n: usize) -> Batch {
         Batch {
-            ops: Vec::with_capacity(n),
+            ops: Ops::with_capacity(n),
         }
     }
 
@@ -211,14 +219,9 @@ impl Batch {
     /// Runs the batch: on this core's ring where one runs, else synchronously. Resolves to one
     /// result per operation, in the order they were added: bytes moved, or the error.
     pub fn run(self) -> BatchFuture {
-        let n = self.ops.len();
         BatchFuture {
             ops: Some(self.ops),
-            state: Arc::new(BatchState {
-                remaining: AtomicUsize::new(n),
-                results: (0..n).map(|_| AtomicI64::new(0)).collect(),
-                waker: AtomicWaker::new(),
-            }),
+            state: None,
         }
     }
 }
@@ -230,54 +233,74 @@ struct BatchState {
     waker: AtomicWaker,
 }
 
+impl BatchState {
+    fn new(n: usize) -> Arc<BatchState> {
+        Arc::new(BatchState {
+            remaining: AtomicUsize::new(n),
+            results: (0..n).map(|_| AtomicI64::new(0)).collect(),
+            waker: AtomicWaker::new(),
+        })
+    }
+}
+
+/// One operation's result from what the kernel (or `run_sync`) returned.
+fn outcome(v: i64) -> io::Result<usize> {
+    if v < 0 {
+        Err(io::Error::from_raw_os_error(-v as i32))
+    } else {
+        Ok(v as usize)
+    }
+}
+
 /// The future of a running [`Batch`]. Send: it holds only its batch's shared state; the ring's
 /// in-flight table holds the buffers.
 pub struct BatchFuture {
-    ops: Option<Vec<MemberOp>>,
-    state: Arc<BatchState>,
+    ops: Option<Ops>,
+    /// Made when the batch goes to the ring, whose completions fill it. A batch run inline
+    /// (files in memory, most requests in the benchmarks) or synchronously has its results at
+    /// once and needs none: two allocations per request fewer.
+    state: Option<Arc<BatchState>>,
 }
 
 impl BatchFuture {
-    fn results(&self) -> Vec<io::Result<usize>> {
-        self.state
+    fn results(state: &BatchState) -> Results {
+        state
             .results
             .iter()
-            .map(|r| {
-                let v = r.load(Ordering::Acquire);
-                if v < 0 {
-                    Err(io::Error::from_raw_os_error(-v as i32))
-                } else {
-                    Ok(v as usize)
-                }
-            })
+            .map(|r| outcome(r.load(Ordering::Acquire)))
             .collect()
     }
 }
 
 impl Future for BatchFuture {
-    type Output = Vec<io::Result<usize>>;
+    type Output = Results;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         if let Some(ops) = self.ops.take() {
             if ops.is_empty() {
-                return Poll::Ready(Vec::new());
+                return Poll::Ready(Results::new());
             }
-            if run_inline(&ops, &self.state) {
-                return Poll::Ready(self.results());
+            if let Some(done) = run_inline(&ops) {
+                return Poll::Ready(done);
             }
-            self.state.waker.register(cx.waker());
-            if let Err(ops) = submit(ops, &self.state) {
-                for (i, op) in ops.into_iter().enumerate() {
-                    self.state.results[i].store(run_sync(&op), Ordering::Release);
+            let state = BatchState::new(ops.len());
+            state.waker.register(cx.waker());
+            match submit(ops, &state) {
+                None => self.state = Some(state),
+                Some(ops) => {
+                    return Poll::Ready(ops.iter().map(|op| outcome(run_sync(op))).collect())
                 }
-                return Poll::Ready(self.results());
             }
         }
-        if self.state.remaining.load(Ordering::Acquire) == 0 {
-            return Poll::Ready(self.results());
+        let state = self
+            .state
+            .as_ref()
+            .expect("a member batch polled after it completed");
+        if state.remaining.load(Ordering::Acquire) == 0 {
+            return Poll::Ready(Self::results(state));
         }
-        self.state.waker.register(cx.waker());
-        if self.state.remaining.load(Ordering::Acquire) == 0 {
-            return Poll::Ready(self.results());
+        state.waker.register(cx.waker());
+        if state.remaining.load(Ordering::Acquire) == 0 {
+            return Poll::Ready(Self::results(state));
         }
         Poll::Pending
     }
@@ -420,32 +443,32 @@ pub fn on_ring() -> bool {
 
 /// On a core, a batch whose files all live in memory runs here and now: the copy inline costs
 /// less than io_uring's worker hand-off (`crate::inline`). Whether it ran.
-fn run_inline(ops: &[MemberOp], state: &BatchState) -> bool {
+fn run_inline(ops: &[MemberOp]) -> Option<Results> {
     if !ops.iter().all(|o| crate::inline::is_set(o.fd)) {
-        return false;
+        return None;
     }
     RING.with(|cell| {
         let ring = cell.borrow();
-        let Some(ring) = ring.as_ref() else {
-            return false;
-        };
+        let ring = ring.as_ref()?;
         let (mut mapped, mut repaired) = (0, 0);
-        for (i, op) in ops.iter().enumerate() {
-            let r = match run_mapped(op) {
-                Some(r) => {
-                    mapped += 1;
-                    repaired += u64::from(op.repaired);
-                    r
-                }
-                None => run_sync(op),
-            };
-            state.results[i].store(r, Ordering::Release);
-        }
+        let done = ops
+            .iter()
+            .map(|op| {
+                outcome(match run_mapped(op) {
+                    Some(r) => {
+                        mapped += 1;
+                        repaired += u64::from(op.repaired);
+                        r
+                    }
+                    None => run_sync(op),
+                })
+            })
+            .collect();
         let stats = &ring.stats;
         stats.inline.fetch_add(ops.len() as u64, Ordering::Relaxed);
         stats.mapped.fetch_add(mapped, Ordering::Relaxed);
         stats.repaired.fetch_add(repaired, Ordering::Relaxed);
-        true
+        Some(done)
     })
 }
 
@@ -466,17 +489,18 @@ fn run_mapped(op: &MemberOp) -> Option<i64> {
     unsafe { crate::mapped::copy(op.fd, op.offset, p.add(r.start), r.end - r.start, access) }
 }
 
-fn submit(ops: Vec<MemberOp>, state: &Arc<BatchState>) -> Result<(), Vec<MemberOp>> {
+/// Queues the operations on this thread's ring; gives them back where the thread runs none.
+fn submit(ops: Ops, state: &Arc<BatchState>) -> Option<Ops> {
     RING.with(|cell| {
         let mut guard = cell.borrow_mut();
         let Some(ring) = guard.as_mut() else {
-            return Err(ops);
+            return Some(ops);
         };
         for (index, op) in ops.into_iter().enumerate() {
             ring.push(op, state.clone(), index);
         }
         ring.kick();
-        Ok(())
+        None
     })
 }
 

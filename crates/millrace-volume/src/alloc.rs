@@ -34,6 +34,9 @@ use millrace_block::{BlockDevice, Extent, IoBuf};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
+/// Runs of a range: one or two for most requests, inline.
+pub type Runs = smallvec::SmallVec<[Extent; 4]>;
+
 /// Most granules one map holds (8 MiB of bits).
 pub(crate) const MAX_GRANULES: u64 = 64 << 20;
 const SECTOR: u64 = 4096;
@@ -178,9 +181,9 @@ impl AllocMap {
     }
 
     /// The runs of `[off, off + len)` (pool offsets): data or zeroes.
-    pub fn runs(&self, off: u64, len: u64) -> Vec<Extent> {
+    pub fn runs(&self, off: u64, len: u64) -> Runs {
         let st = self.state.lock();
-        let mut out: Vec<Extent> = Vec::new();
+        let mut out = Runs::new();
         let end = off + len;
         let mut at = off;
         for g in self.area.touched(off, len) {

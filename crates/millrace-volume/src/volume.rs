@@ -92,7 +92,7 @@ impl BlockDevice for Volume {
     fn allocation(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
         let at = self.check(offset, len)?;
         Ok(match &self.map {
-            Some(m) => m.runs(at, len),
+            Some(m) => m.runs(at, len).into_vec(),
             None => vec![Extent { len, zero: false }],
         })
     }
@@ -212,7 +212,7 @@ enum Holes {
     None,
     All,
     /// Some runs are holes: read it all, then zero those.
-    Mixed(Vec<Extent>),
+    Mixed(crate::alloc::Runs),
 }
 
 fn zero_holes(buf: &mut [u8], runs: &[Extent]) {

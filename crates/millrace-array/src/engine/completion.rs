@@ -26,7 +26,7 @@ use millrace_io::{Batch, SharedBuf};
 
 use super::layout::ReadFrom;
 use super::parity_ring::RingWrite;
-use super::ring::{Drives, Sent};
+use super::ring::{Drives, Sent, SentList};
 use super::unlogged::Ticket;
 use super::write::sector_span;
 use super::{Array, Result};
@@ -63,7 +63,7 @@ impl Array {
     async fn read_on_ring(&self, drives: &Drives, offset: u64, sb: &SharedBuf) -> bool {
         let pieces = self.pieces(offset, sb.len());
         let mut batch = Batch::with_capacity(pieces.len());
-        let mut sent = Vec::with_capacity(pieces.len());
+        let mut sent = SentList::with_capacity(pieces.len());
         for p in &pieces {
             let Ok(ReadFrom::Member(m)) = self.layout.read_from(self, p) else {
                 return false;
@@ -204,7 +204,7 @@ impl Array {
             return self.flush().map_err(Into::into);
         }
         let mut batch = Batch::with_capacity(live.len());
-        let mut sent = Vec::with_capacity(live.len());
+        let mut sent = SentList::with_capacity(live.len());
         for &m in &live {
             batch.fsync(Self::member_fd(&drives, m));
             sent.push(Sent {
@@ -274,11 +274,11 @@ impl Array {
     ) -> io::Result<()> {
         let pieces = self.pieces(offset, sb.len());
         let mut batch = Batch::with_capacity(pieces.len() * 2);
-        let mut sent = Vec::with_capacity(pieces.len() * 2);
+        let mut sent = SentList::with_capacity(pieces.len() * 2);
         for p in &pieces {
             let loc = self.geo.locate(p.row, p.col);
-            let copies: Vec<usize> = if self.geo.level.is_parity() {
-                vec![loc.member]
+            let copies: smallvec::SmallVec<[usize; 4]> = if self.geo.level.is_parity() {
+                smallvec::smallvec![loc.member]
             } else {
                 self.geo.group_members(loc.group).collect()
             };
@@ -346,7 +346,7 @@ impl Array {
         offset: u64,
         par: &SharedBuf,
         batch: &mut Batch,
-        sent: &mut Vec<Sent>,
+        sent: &mut SentList,
         fua: bool,
     ) {
         let geo = &self.geo;

@@ -16,6 +16,9 @@ use parking_lot::{Condvar, Mutex};
 
 pub(super) const SHARDS: usize = 1024;
 
+/// Shards a request takes: one or two for most, inline.
+pub(super) type Shards = smallvec::SmallVec<[usize; 4]>;
+
 #[derive(Default)]
 struct ShardState {
     held: bool,
@@ -37,7 +40,7 @@ pub(super) struct RowLocks {
 /// Holds some shards; releases them when dropped.
 pub(super) struct RowGuard<'a> {
     locks: &'a RowLocks,
-    held: Vec<usize>,
+    held: Shards,
 }
 
 impl Drop for RowGuard<'_> {
@@ -56,8 +59,8 @@ impl RowLocks {
     }
 
     /// The shards of rows r0..=r1, in ascending order.
-    pub fn shards(r0: u64, r1: u64) -> Vec<usize> {
-        let mut v: Vec<usize> = if r1 - r0 + 1 >= SHARDS as u64 {
+    pub fn shards(r0: u64, r1: u64) -> Shards {
+        let mut v: Shards = if r1 - r0 + 1 >= SHARDS as u64 {
             (0..SHARDS).collect()
         } else {
             (r0..=r1).map(|r| (r % SHARDS as u64) as usize).collect()
@@ -81,7 +84,7 @@ impl RowLocks {
     }
 
     /// Takes `shards` (ascending), blocking the thread while another holds one.
-    pub fn lock(&self, shards: Vec<usize>) -> RowGuard<'_> {
+    pub fn lock(&self, shards: Shards) -> RowGuard<'_> {
         for &i in &shards {
             let s = &self.shards[i];
             let mut st = s.state.lock();
@@ -98,19 +101,19 @@ impl RowLocks {
 
     /// Takes `shards` (ascending) without blocking the thread. Dropping the future releases
     /// whatever it had taken.
-    pub fn lock_async(&self, shards: Vec<usize>) -> LockFuture<'_> {
+    pub fn lock_async(&self, shards: Shards) -> LockFuture<'_> {
         LockFuture {
             want: shards,
             guard: Some(RowGuard {
                 locks: self,
-                held: Vec::new(),
+                held: Shards::new(),
             }),
         }
     }
 }
 
 pub(super) struct LockFuture<'a> {
-    want: Vec<usize>,
+    want: Shards,
     guard: Option<RowGuard<'a>>,
 }
 
@@ -194,7 +197,7 @@ mod tests {
     #[test]
     fn a_dropped_lock_future_releases_what_it_took() {
         let locks = RowLocks::new();
-        let held = locks.lock(vec![5]);
+        let held = locks.lock(smallvec::smallvec![5]);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
@@ -202,13 +205,13 @@ mod tests {
         rt.block_on(async {
             let r = tokio::time::timeout(
                 std::time::Duration::from_millis(5),
-                locks.lock_async(vec![1, 5]),
+                locks.lock_async(smallvec::smallvec![1, 5]),
             )
             .await;
             assert!(r.is_err(), "shard 5 is held");
         });
         drop(held);
-        let g = locks.lock(vec![1, 5]);
+        let g = locks.lock(smallvec::smallvec![1, 5]);
         drop(g);
     }
 }

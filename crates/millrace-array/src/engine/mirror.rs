@@ -16,7 +16,7 @@ pub(super) struct Mirror;
 pub(super) fn pick_copy(a: &Array, p: &Piece) -> Result<ReadFrom> {
     let geo = &a.geo;
     let loc = geo.locate(p.row, p.col);
-    let members: Vec<usize> = geo.group_members(loc.group).collect();
+    let members: smallvec::SmallVec<[usize; 4]> = geo.group_members(loc.group).collect();
     let start = (p.row % members.len() as u64) as usize;
     (0..members.len())
         .map(|k| members[(start + k) % members.len()])

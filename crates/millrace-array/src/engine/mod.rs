@@ -173,6 +173,9 @@ fn state_from(c: u8) -> MemberState {
     }
 }
 
+/// A request's pieces: one for most requests, a few for long ones.
+type Pieces = smallvec::SmallVec<[Piece; 4]>;
+
 /// One piece of a request that falls inside one strip.
 struct Piece {
     row: u64,
@@ -417,10 +420,10 @@ impl Array {
         }
     }
 
-    fn pieces(&self, offset: u64, len: usize) -> Vec<Piece> {
+    fn pieces(&self, offset: u64, len: usize) -> Pieces {
         let strip = self.geo.strip;
         let cols = self.geo.data_cols() as u64;
-        let mut v = Vec::new();
+        let mut v = Pieces::new();
         let mut pos = offset;
         let end = offset + len as u64;
         while pos < end {
@@ -446,9 +449,9 @@ impl Array {
     }
 
     /// The lock shards of the rows of [offset, offset+len), ascending.
-    fn row_shards(&self, offset: u64, len: u64) -> Vec<usize> {
+    fn row_shards(&self, offset: u64, len: u64) -> locks::Shards {
         if len == 0 {
-            return Vec::new();
+            return locks::Shards::new();
         }
         let fs = self.geo.full_stripe_bytes();
         locks::RowLocks::shards(offset / fs, (offset + len - 1) / fs)

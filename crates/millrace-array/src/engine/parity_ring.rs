@@ -5,9 +5,9 @@
 use millrace_io::{Batch, IoBuf, SharedBuf};
 
 use super::parity_write::{compute, plan, units, Plan, Unit};
-use super::ring::{Drives, Sent};
+use super::ring::{Drives, Sent, SentList};
 use super::unlogged::Ticket;
-use super::{Array, Piece, Result};
+use super::{Array, Pieces, Result};
 
 /// Where a buffer lent to the ring comes back to: a unit's span or old-data slot.
 enum Slot {
@@ -72,7 +72,7 @@ pub(super) async fn write_on_ring(
     drives: &Drives,
     reqs: &mut [RingWrite],
 ) -> Result<bool> {
-    let pieces: Vec<Vec<Piece>> = reqs
+    let pieces: Vec<Pieces> = reqs
         .iter()
         .map(|r| a.pieces(r.offset, r.buf.len()))
         .collect();
@@ -114,9 +114,9 @@ pub(super) async fn write_on_ring(
             writes.push((u.layout[i], at, Slot::Span(ui, i)));
         }
     }
-    let n: usize = pieces.iter().map(Vec::len).sum();
+    let n: usize = pieces.iter().map(|p| p.len()).sum();
     let mut extra = Batch::with_capacity(n + writes.len());
-    let mut sent = Vec::with_capacity(n + writes.len());
+    let mut sent = SentList::with_capacity(n + writes.len());
     for u in &units {
         for w in &u.writes {
             let m = u.layout[w.index];
@@ -152,13 +152,13 @@ async fn ring_batch(
     drives: &Drives,
     units: &mut [Unit],
     ops: Vec<(usize, u64, Slot)>,
-    extra: Option<(Batch, Vec<Sent>, Ticket)>,
+    extra: Option<(Batch, SentList, Ticket)>,
     write_fua: bool,
 ) -> bool {
     let write = extra.is_some();
     let (mut batch, mut sent, ticket) = match extra {
         Some((b, s, t)) => (b, s, Some(t)),
-        None => (Batch::with_capacity(ops.len()), Vec::new(), None),
+        None => (Batch::with_capacity(ops.len()), SentList::new(), None),
     };
     let mut lent = Vec::with_capacity(ops.len());
     for (m, off, slot) in ops {

@@ -2,7 +2,6 @@
 //! paths (`completion`) and the parity write plans (`parity_write`): the drives it goes to, what
 //! each operation moved, and how results are counted against the members.
 
-use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -11,6 +10,9 @@ use crate::drive::Drive;
 use crate::geometry::SECTOR;
 
 pub(super) type Drives = Arc<Vec<Arc<dyn Drive>>>;
+
+/// A batch's accounts: a request's member operations, inline when few.
+pub(super) type SentList = smallvec::SmallVec<[Sent; 8]>;
 
 /// Which member and how many bytes each operation of a batch moves, to account its result.
 pub(super) struct Sent {
@@ -36,7 +38,7 @@ impl Array {
         &self,
         drives: &Drives,
         sent: &[Sent],
-        results: Vec<io::Result<usize>>,
+        results: millrace_io::Results,
     ) -> bool {
         let mut ok = true;
         for (s, r) in sent.iter().zip(results) {
