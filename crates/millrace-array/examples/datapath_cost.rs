@@ -6,8 +6,7 @@
 //!   MODE: sync-read | sync-write | async-read | async-write; LEVEL: raid0 | raid6;
 //!   SIZE: bytes per request (4096, 131072, ...); OPS: requests (one at a time).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use millrace_array::drive::{Drive, FileDrive};
@@ -16,20 +15,8 @@ use millrace_array::{Array, Geometry, Level};
 use millrace_block::BlockDevice;
 use millrace_io::{BufPool, Cores, CoresConfig, PoolConfig};
 
-/// Counts allocations (the system allocator does the work).
-struct Counting;
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        System.alloc(l)
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        System.dealloc(p, l)
-    }
-}
-#[global_allocator]
-static A: Counting = Counting;
+#[path = "../tests/common/counting.rs"]
+mod counting;
 
 fn minflt() -> u64 {
     // SAFETY: getrusage fills the struct it is given.
@@ -112,7 +99,7 @@ fn main() {
     };
     run(ops.min(64)); // warm up: buffers, rings, the bitmap's first marks
     let (a0, f0, s0) = (
-        ALLOCS.load(Ordering::Relaxed),
+        counting::allocations(),
         minflt(),
         cores.ring_stats(0).submits.load(Ordering::Relaxed),
     );
@@ -122,7 +109,7 @@ fn main() {
     let per = |x: u64| x as f64 / ops as f64;
     println!(
         "{mode} {level} {size}: {:.2} allocations, {:.3} minor faults, {:.2} io_uring_enter per I/O ({:.1} us wall per I/O on this machine: not a measurement)",
-        per(ALLOCS.load(Ordering::Relaxed) - a0),
+        per(counting::allocations() - a0),
         per(minflt() - f0),
         per(cores.ring_stats(0).submits.load(Ordering::Relaxed) - s0),
         wall.as_secs_f64() * 1e6 / ops as f64,
