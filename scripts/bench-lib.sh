@@ -48,5 +48,6 @@ stop_millrace() {
         wait "$server" 2>/dev/null || true
     fi
     server=
-    rm -f /dev/shm/millrace-bench-$$-*.img
+    # A server killed outright leaves its members' redo files (millrace_io::mapped::redo) beside them.
+    rm -f /dev/shm/millrace-bench-$$-*.img /dev/shm/.millrace-bench-$$-*.img.millrace-redo
 }

@@ -168,8 +168,14 @@ impl FileDrive {
         if inline {
             millrace_io::inline::set(file.as_raw_fd(), true);
         }
+        // Before anything reads the drive: writes a killed process left part done in its
+        // mapping are written again (`millrace_io::mapped::redo`).
+        let redo = match inline {
+            true => millrace_io::mapped::redo::Redo::open(path, &file, size)?,
+            false => None,
+        };
         let mapping = inline
-            .then(|| millrace_io::mapped::map(file.as_raw_fd(), size))
+            .then(|| millrace_io::mapped::map(file.as_raw_fd(), size, redo))
             .flatten();
         Ok(FileDrive {
             path: path.to_path_buf(),

@@ -1,8 +1,9 @@
-//! Drive files in memory (tmpfs, ramfs) mapped into the process, so that a core's inline read
-//! of them is one memcpy instead of a pread. Writes still go by pwrite (see [`copy`]): a copy
-//! into the mapping cut short by a killed process would leave a sector torn. Only writes whose
-//! sectors the array repairs after a crash anyway ([`Access::WriteRepaired`]: parity under a
-//! write-intent bitmap) are copied into the mapping.
+//! Drive files in memory (tmpfs, ramfs) mapped into the process, so that a core's inline I/O
+//! on them is a memcpy instead of a pread or pwrite. A copy into the mapping cut short by a
+//! killed process would leave a sector torn, so a write goes through a redo slot first
+//! (`redo`), or by pwrite where the drive has none; only writes whose sectors the array
+//! repairs after a crash anyway ([`Access::WriteRepaired`]: parity under a write-intent bitmap)
+//! are copied straight into the mapping.
 //!
 //! Why: even inline (`crate::inline`), a 4 KiB pread of a tmpfs file costs a system call, a
 //! page-cache lookup per page and LRU bookkeeping around the copy: 27% of the core in the 4K
@@ -32,6 +33,9 @@ use std::sync::OnceLock;
 use crate::filled::Filled;
 use crate::inline::MAX_FD;
 
+pub mod redo;
+use redo::Redo;
+
 /// Mappings at once (a drive file each).
 const SLOTS: usize = 1024;
 
@@ -42,6 +46,8 @@ struct Slot {
     broken: AtomicBool,
     /// Which chunks hold no hole (a `Filled` owned by the `Mapping`, null when unused).
     filled: AtomicPtr<Filled>,
+    /// The drive's redo slots (a `Redo` owned by the `Mapping`; null: writes by pwrite).
+    redo: AtomicPtr<Redo>,
 }
 
 static TABLE: [Slot; SLOTS] = [const {
@@ -51,6 +57,7 @@ static TABLE: [Slot; SLOTS] = [const {
         len: AtomicUsize::new(0),
         broken: AtomicBool::new(false),
         filled: AtomicPtr::new(std::ptr::null_mut()),
+        redo: AtomicPtr::new(std::ptr::null_mut()),
     }
 }; SLOTS];
 
@@ -101,11 +108,12 @@ fn fd_index(fd: RawFd) -> Option<usize> {
     usize::try_from(fd).ok().filter(|&i| i < MAX_FD)
 }
 
-/// Maps `len` bytes of `fd` (a file in memory, open for reading and writing) for inline I/O.
-/// None where it cannot be (the descriptor number is too high, no slot is free, the SIGBUS
-/// handler could not be installed, mmap refused, or `MILLRACE_MAP_MEMORY_FILES=0`): the file's
-/// I/O then runs with pread/pwrite as before.
-pub fn map(fd: RawFd, len: u64) -> Option<Mapping> {
+/// Maps `len` bytes of `fd` (a file in memory, open for reading and writing) for inline I/O;
+/// writes go through `redo`'s slots, or by pwrite where it is None. None where it cannot be
+/// (the descriptor number is too high, no slot is free, the SIGBUS handler could not be
+/// installed, mmap refused, or `MILLRACE_MAP_MEMORY_FILES=0`): the file's I/O then runs with
+/// pread/pwrite as before.
+pub fn map(fd: RawFd, len: u64, redo: Option<Redo>) -> Option<Mapping> {
     static OFF: OnceLock<bool> = OnceLock::new();
     if *OFF.get_or_init(|| std::env::var("MILLRACE_MAP_MEMORY_FILES").is_ok_and(|v| v == "0")) {
         return None;
@@ -113,7 +121,33 @@ pub fn map(fd: RawFd, len: u64) -> Option<Mapping> {
     let i = fd_index(fd)?;
     let len = usize::try_from(len).ok().filter(|&l| l > 0)?;
     HANDLER.get_or_init(install).as_ref()?;
-    // SAFETY: a new shared mapping of a file we hold open; nothing else is at that address.
+    let p = map_shared(fd, len)?;
+    let base = p as usize;
+    let Some(slot) = take_slot() else {
+        // SAFETY: unmaps what was mapped just above and never published.
+        unsafe { libc::munmap(p, len) };
+        return None;
+    };
+    let s = &TABLE[slot];
+    let known = Box::new(Filled::new(len as u64, allocated(fd, len)));
+    s.filled.store(Box::into_raw(known), Ordering::SeqCst);
+    if let Some(r) = redo {
+        s.redo.store(Box::into_raw(Box::new(r)), Ordering::SeqCst);
+    }
+    s.len.store(len, Ordering::SeqCst);
+    s.base.store(base, Ordering::SeqCst);
+    SLOT_OF[i].store(slot as u16 + 1, Ordering::Release);
+    Some(Mapping {
+        fd,
+        slot,
+        base,
+        len,
+    })
+}
+
+/// A new shared mapping, for reading and writing, of the first `len` bytes of `fd`.
+fn map_shared(fd: RawFd, len: usize) -> Option<*mut libc::c_void> {
+    // SAFETY: a new mapping of a file the caller holds open; nothing else is at that address.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
@@ -124,32 +158,49 @@ pub fn map(fd: RawFd, len: u64) -> Option<Mapping> {
             0,
         )
     };
-    if p == libc::MAP_FAILED {
-        return None;
-    }
-    let base = p as usize;
-    let Some(slot) = TABLE.iter().position(|s| {
+    (p != libc::MAP_FAILED).then_some(p)
+}
+
+fn take_slot() -> Option<usize> {
+    let slot = TABLE.iter().position(|s| {
         s.used
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
-    }) else {
-        // SAFETY: unmaps what was mapped just above and never published.
-        unsafe { libc::munmap(p, len) };
-        return None;
-    };
+    })?;
+    TABLE[slot].broken.store(false, Ordering::SeqCst);
+    Some(slot)
+}
+
+/// A mapping of ours that is not a drive's (a redo file's), watched for faults: one there
+/// breaks it (and fills the page with zeroes) instead of killing the process. Dropping it
+/// stops the watch; unmap after that.
+pub(crate) struct Watch {
+    slot: usize,
+}
+
+/// Watches `base..base+len`; None where the handler could not be installed or no slot is free.
+pub(crate) fn watch(base: usize, len: usize) -> Option<Watch> {
+    HANDLER.get_or_init(install).as_ref()?;
+    let slot = take_slot()?;
     let s = &TABLE[slot];
-    s.broken.store(false, Ordering::SeqCst);
-    let known = Box::new(Filled::new(len as u64, allocated(fd, len)));
-    s.filled.store(Box::into_raw(known), Ordering::SeqCst);
     s.len.store(len, Ordering::SeqCst);
     s.base.store(base, Ordering::SeqCst);
-    SLOT_OF[i].store(slot as u16 + 1, Ordering::Release);
-    Some(Mapping {
-        fd,
-        slot,
-        base,
-        len,
-    })
+    Some(Watch { slot })
+}
+
+impl Watch {
+    pub(crate) fn broken(&self) -> bool {
+        TABLE[self.slot].broken.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let s = &TABLE[self.slot];
+        s.base.store(0, Ordering::SeqCst);
+        s.len.store(0, Ordering::SeqCst);
+        s.used.store(false, Ordering::Release);
+    }
 }
 
 impl Mapping {
@@ -179,6 +230,11 @@ impl Drop for Mapping {
             // SAFETY: made by Box::into_raw in `map`, unpublished just above.
             drop(unsafe { Box::from_raw(f) });
         }
+        let r = s.redo.swap(std::ptr::null_mut(), Ordering::SeqCst);
+        if !r.is_null() {
+            // SAFETY: as `f`; no write runs once the drive is being dropped.
+            drop(unsafe { Box::from_raw(r) });
+        }
         // SAFETY: our own mapping, no longer published; the drive that owns it runs no I/O
         // once it is being dropped.
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
@@ -191,8 +247,8 @@ impl Drop for Mapping {
 pub enum Access {
     /// From the file into the buffer.
     Read,
-    /// Into the file, every sector whole or untouched even if the process is killed meanwhile
-    /// (by pwrite).
+    /// Into the file, every sector whole or untouched even if the process is killed meanwhile:
+    /// through a redo slot (`redo`), or by pwrite.
     Write,
     /// Into the file, where a sector torn by a kill is repaired before anything reads it: the
     /// array's parity under a write-intent bitmap, which marks the row before the write and
@@ -239,15 +295,11 @@ pub(crate) unsafe fn copy(
         }
     }
     if access == Access::Write {
-        // Writes go by pwrite, not through the mapping: a process killed in the middle of a
-        // memcpy leaves a sector part old and part new (glibc's memcpy even stores a copy's
-        // first bytes last), where the kernel copies a page at a time and stops only between
-        // pages, so every sector holds its old or its new content, as a drive promises
-        // (crates/millrace-cli/tests/failures.rs, killed_writers_on_memory_files_tear_no_sector).
-        // The pages are the mapping's own, so reads through it see the write.
+        // SAFETY: set in `map`, freed only when the mapping is dropped (no I/O runs then).
+        let redo = unsafe { s.redo.load(Ordering::Acquire).as_ref() };
         // SAFETY: `buf..buf+len` is valid for reads (the caller's contract).
         let src = unsafe { std::slice::from_raw_parts(buf.cast_const(), len) };
-        if !pwrite_all(fd, src, offset) {
+        if !write_whole(fd, redo, s, base + start, src, offset) {
             return None;
         }
         known.wrote(offset, len);
@@ -270,6 +322,46 @@ pub(crate) unsafe fn copy(
         known.wrote(offset, len);
     }
     Some(len as i64)
+}
+
+/// Writes `src` at `offset` of the drive `fd`, mapped at `at`, so that a kill meanwhile leaves
+/// every sector old or new: each piece through a slot of `redo` and then into the mapping, or
+/// by pwrite (no redo, no slot free, a mapping broken; a process killed in the middle of a
+/// memcpy leaves a sector part old and part new, while the kernel's copy for pwrite stops only
+/// between pages: crates/millrace-cli/tests/failures.rs,
+/// killed_writers_on_memory_files_tear_no_sector). The pwrite goes to the mapping's own pages,
+/// so reads through it see the write. False: not done (the caller's pwrite reports the error).
+fn write_whole(
+    fd: RawFd,
+    redo: Option<&Redo>,
+    s: &Slot,
+    at: usize,
+    src: &[u8],
+    offset: u64,
+) -> bool {
+    let Some(claim) = redo.and_then(Redo::claim) else {
+        return pwrite_all(fd, src, offset);
+    };
+    for (i, piece) in src.chunks(redo::SLOT_BYTES).enumerate() {
+        let skip = i * redo::SLOT_BYTES;
+        let off = offset + skip as u64;
+        // SAFETY: `piece` is a valid slice of its length.
+        if !unsafe { claim.mark(off, piece.as_ptr(), piece.len()) } {
+            return pwrite_all(fd, &src[skip..], off);
+        }
+        // SAFETY: `at + skip..` lies within the mapping (checked by the caller), the drive
+        // file is this process's alone and the range is this write's.
+        unsafe { stream_copy((at + skip) as *mut u8, piece.as_ptr(), piece.len()) };
+        if s.broken.load(Ordering::SeqCst) {
+            // The mapping broke part way: the rest by pwrite, while the slot still holds this
+            // piece for a replay.
+            let done = pwrite_all(fd, &src[skip..], off);
+            claim.clear();
+            return done;
+        }
+        claim.clear();
+    }
+    true
 }
 
 /// Copies `len` bytes from `src` to `dst` with non-temporal stores where the CPU has them:
@@ -330,9 +422,9 @@ pub fn read_into(fd: RawFd, offset: u64, buf: &mut [u8]) -> bool {
     unsafe { copy(fd, offset, buf.as_mut_ptr(), buf.len(), Access::Read) }.is_some()
 }
 
-/// Writes `buf` at `offset` of a mapped `fd` (by pwrite, see [`copy`]) and notes the chunks it
-/// filled, so later reads of them go through the mapping; false: not done (write it with
-/// pwrite).
+/// Writes `buf` at `offset` of a mapped `fd` (through a redo slot or by pwrite, see
+/// [`copy`]) and notes the chunks it filled, so later reads of them go through the mapping;
+/// false: not done (write it with pwrite).
 pub fn write_from(fd: RawFd, offset: u64, buf: &[u8]) -> bool {
     // SAFETY: `buf` is a slice of its length, only read (the copy goes the other way).
     unsafe {
@@ -455,7 +547,7 @@ mod tests {
     #[test]
     fn reads_and_writes_go_to_the_file() {
         let Some(f) = shm_file(64 * 1024) else { return };
-        let m = map(f.as_raw_fd(), 64 * 1024).expect("a tmpfs file maps");
+        let m = map(f.as_raw_fd(), 64 * 1024, None).expect("a tmpfs file maps");
         let mut buf = vec![0u8; 4096];
         let n = unsafe { copy(f.as_raw_fd(), 8192, buf.as_mut_ptr(), 4096, Access::Read) };
         assert_eq!(n, Some(4096));
@@ -491,7 +583,7 @@ mod tests {
         let len = 256 * 1024;
         f.set_len(len as u64).unwrap();
         let fd = f.as_raw_fd();
-        let _m = map(fd, len as u64).expect("a tmpfs file maps");
+        let _m = map(fd, len as u64, None).expect("a tmpfs file maps");
         let mut model = vec![0u8; len];
         // Aligned and odd offsets and lengths, from an unaligned source: the streaming copy's
         // head, body and tail, and nothing written outside the range.
@@ -553,7 +645,7 @@ mod tests {
         };
         f.set_len(64 * 1024).unwrap();
         let fd = f.as_raw_fd();
-        let _m = map(fd, 64 * 1024).expect("a tmpfs file maps");
+        let _m = map(fd, 64 * 1024, None).expect("a tmpfs file maps");
         let mut buf = vec![1u8; 4096];
         assert_eq!(
             unsafe { copy(fd, 0, buf.as_mut_ptr(), 4096, Access::Read) },
@@ -601,7 +693,7 @@ mod tests {
     #[test]
     fn a_file_truncated_under_the_mapping_is_an_error_not_a_crash() {
         let Some(f) = shm_file(64 * 1024) else { return };
-        let _m = map(f.as_raw_fd(), 64 * 1024).expect("a tmpfs file maps");
+        let _m = map(f.as_raw_fd(), 64 * 1024, None).expect("a tmpfs file maps");
         f.set_len(4096).unwrap();
         let mut buf = vec![0u8; 4096];
         let n = unsafe {
