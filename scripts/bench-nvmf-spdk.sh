@@ -15,7 +15,8 @@
 # so and stops: the initiator is SPDK's too, so there is nothing to compare without it.
 # Timing: run it on a quiet machine (nothing else compiling), as root (SPDK without hugepages).
 # ROUNDS=N runs each row N times in a row and keeps the best round of each target (every round
-# is printed): this machine has slow spells that last a whole run, for either target.
+# is printed): this machine has slow spells that last a whole run, for either target. RAID6 and
+# RAID0 take turns instead, round by round.
 # Usage: SPDK_DIR=/path/to/spdk [ROUNDS=N] scripts/bench-nvmf-spdk.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -73,9 +74,9 @@ measure() {
     local pass=$(( member_mib * 4 / 400 + 3 )) # seconds to go over the volume once
     run_perf "$port" "$nqn" write 1048576 8 "$pass" >/dev/null # fill
     # ... and read once: Millrace reads member files in memory through a mapping whose page
-    # table a running server has filled, and a fresh one fills on each page's first read (the
-    # fill's writes go by pwrite, which leaves it empty); SPDK's malloc bdevs start filled, and
-    # its AIO bdevs read by pread.
+    # table fills as pages are first touched (a write by pwrite, when a member's redo slots are
+    # all in use, leaves it empty); SPDK's malloc bdevs start filled, and its AIO bdevs read by
+    # pread.
     run_perf "$port" "$nqn" read 1048576 8 "$pass" >/dev/null
     for row in "${rows[@]}"; do
         read -r w bs qd <<<"$row"
@@ -162,25 +163,29 @@ for kind in $peers; do measure_spdk "$kind"; done
 echo "Millrace RAID6 against RAID0 over the same 6 members, 128K sequential writes at QD16" >&2
 # member_bytes read|write: bytes the members moved so far, all members together (the server's metrics)
 member_bytes() { curl -s 127.0.0.1:8749/metrics | awk -v op="$1" '$1 ~ "^millrace_member_" op "_bytes_total" { s += $2 } END { printf "%.0f", s }'; }
-declare -A six
+declare -A six six_cpu
 # per_byte BEFORE AFTER: member bytes per byte the host wrote in the round just run ($iops). 1.5
 # written and none read is every stripe written whole (4 data members and 2 parity); reads are
 # read-modify-writes of stripes written in pieces.
 per_byte() { awk -v a="$1" -v b="$2" -v n="$iops" -v s="$secs" 'BEGIN { printf "%.2f", (b - a) / (n * s * 131072) }'; }
-for level in raid0 raid6; do
-    start_millrace "$tmp/home-$level" 0 "$level" 6 "${member_mib}M" --nvme 127.0.0.1:4420 --discovery-port 8019 --api 127.0.0.1:8749
-    "$m" export nvme add bench/v --host "$host" >/dev/null
-    run_perf 4420 "$nqn" write 1048576 8 "$(( member_mib * 6 / 400 + 3 ))" >/dev/null
-    for ((k = 1; k <= rounds; k++)); do
-        r0=$(member_bytes read); w0=$(member_bytes write)
+# The levels take turns, round by round, each on a fresh pool (filled first), so that a slow
+# spell of this machine falls on both rather than on one level's rounds.
+for ((k = 1; k <= rounds; k++)); do
+    for level in raid0 raid6; do
+        start_millrace "$tmp/home-$level-$k" 0 "$level" 6 "${member_mib}M" --nvme 127.0.0.1:4420 --discovery-port 8019 --api 127.0.0.1:8749
+        "$m" export nvme add bench/v --host "$host" >/dev/null
+        run_perf 4420 "$nqn" write 1048576 8 "$(( member_mib * 6 / 400 + 3 ))" >/dev/null
+        r0=$(member_bytes read); w0=$(member_bytes write); t0=$(cpu_ticks "$server")
         iops=$(run_perf 4420 "$nqn" write 131072 16 "$secs")
-        r1=$(member_bytes read); w1=$(member_bytes write)
-        echo "  $level (round $k): $iops IOPS; members wrote $(per_byte "$w0" "$w1") and read $(per_byte "$r0" "$r1") bytes per byte written" >&2
+        t1=$(cpu_ticks "$server"); r1=$(member_bytes read); w1=$(member_bytes write)
+        cpu=$(us_per_io "$t0" "$t1" "$(awk -v r="$iops" -v s="$secs" 'BEGIN { printf "%d", r * s }')")
+        echo "  $level (round $k): $iops IOPS, $cpu us/I/O; members wrote $(per_byte "$w0" "$w1") and read $(per_byte "$r0" "$r1") bytes per byte written" >&2
         if beats "$iops" "${six[$level]:-}"; then
             six[$level]=$iops
+            six_cpu[$level]=$cpu
         fi
+        stop_millrace
     done
-    stop_millrace
 done
 
 echo
@@ -200,4 +205,4 @@ for row in "${rows[@]}"; do
     echo "$out |"
 done
 echo
-echo "RAID6 / RAID0, 6 members, 128K sequential write QD16: ${six[raid6]} / ${six[raid0]} IOPS = $(ratio "${six[raid6]}" "${six[raid0]}")"
+echo "RAID6 / RAID0, 6 members, 128K sequential write QD16: ${six[raid6]} / ${six[raid0]} IOPS = $(ratio "${six[raid6]}" "${six[raid0]}") (target CPU ${six_cpu[raid6]} / ${six_cpu[raid0]} us per I/O)"
