@@ -12,10 +12,11 @@
 //! drive again ([`Redo::open`]) writes it again, by pwrite, before anything reads the drive.
 //! Only kills matter here: files in memory do not outlive a power cut.
 //!
-//! The file is `.<drive file name>.millrace-redo` in the drive file's directory and names the
-//! drive's device and inode. A file of that name that is not ours (not our magic) is neither
-//! used nor touched, and one of ours that names another file (the drive file was replaced) is
-//! not replayed. Where no such file can be kept the drive's writes go by pwrite as before.
+//! The file is `.<drive file name>.millrace-redo` in the drive file's directory (the real
+//! file's, where the drive is named through a symbolic link) and names the drive's device and
+//! inode. A file of that name that is not ours (not our magic) is neither used nor touched, and
+//! one of ours that names another file (the drive file was replaced) is not replayed. Where no
+//! such file can be kept the drive's writes go by pwrite as before.
 //! Written by hand: this is a property of our own mapping, not something a crate offers.
 
 use std::fs::{File, OpenOptions};
@@ -78,7 +79,9 @@ impl Redo {
     /// a new file, no room, no mapping): the drive's writes then go by pwrite. An error: a
     /// marked write could not be written again, so the drive may hold a torn sector.
     pub fn open(path: &Path, drive: &File, len: u64) -> io::Result<Option<Redo>> {
-        let Some(at) = path_for(path) else {
+        // Beside the file itself, on its filesystem in memory, where `path` is a link to it.
+        let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let Some(at) = path_for(&real) else {
             return Ok(None);
         };
         let meta = drive.metadata()?;
@@ -110,10 +113,16 @@ impl Redo {
         if !fresh && mine.len() as usize == FILE_BYTES && same_drive {
             replay(&file, drive, len, &at)?;
         }
-        let Some(redo) = Redo::prepare(at, file, meta.dev(), meta.ino()) else {
-            return Ok(None);
-        };
-        Ok(Some(redo))
+        let made = (mine.dev(), mine.ino());
+        match Redo::prepare(at.clone(), file, meta.dev(), meta.ino()) {
+            Some(redo) => Ok(Some(redo)),
+            None => {
+                // Ours (made here, or of our magic) but of no use: a filesystem without
+                // fallocate (ramfs), or no room.
+                remove_if_still(&at, made);
+                Ok(None)
+            }
+        }
     }
 
     /// Writes a clear header naming the drive, gives the file its full size in memory (so a
@@ -168,15 +177,20 @@ impl Drop for Redo {
     fn drop(&mut self) {
         // SAFETY: our own mapping; no claim outlives `self`.
         unsafe { libc::munmap(self.base.cast(), FILE_BYTES) };
-        // Every mark is clear once no write runs, so nothing is left to replay: the file goes,
-        // if the name is still the file we opened.
-        let ours = self.file.metadata().ok().map(|m| (m.dev(), m.ino()));
-        let there = std::fs::symlink_metadata(&self.path)
-            .ok()
-            .map(|m| (m.dev(), m.ino()));
-        if ours.is_some() && ours == there {
-            let _ = std::fs::remove_file(&self.path);
+        // Every mark is clear once no write runs, so nothing is left to replay.
+        if let Ok(m) = self.file.metadata() {
+            remove_if_still(&self.path, (m.dev(), m.ino()));
         }
+    }
+}
+
+/// Removes `path` if the name still leads to the file `(device, inode)`, ours.
+fn remove_if_still(path: &Path, file: (u64, u64)) {
+    let there = std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()));
+    if there == Some(file) {
+        let _ = std::fs::remove_file(path);
     }
 }
 
@@ -370,6 +384,38 @@ mod tests {
         std::fs::write(&other, b"someone else's notes").unwrap();
         assert!(Redo::open(&path, &f, 1 << 20).unwrap().is_none());
         assert_eq!(std::fs::read(&other).unwrap(), b"someone else's notes");
+    }
+
+    #[test]
+    fn a_close_removes_only_the_file_it_opened() {
+        let Some((dir, path, f)) = drive(1 << 20) else {
+            return;
+        };
+        let redo = Redo::open(&path, &f, 1 << 20).unwrap().unwrap();
+        let name = path_for(&path).unwrap();
+        std::fs::rename(&name, dir.path().join("moved")).unwrap();
+        std::fs::write(&name, b"put here since").unwrap();
+        drop(redo);
+        assert_eq!(std::fs::read(&name).unwrap(), b"put here since");
+    }
+
+    #[test]
+    fn a_drive_named_through_a_link_keeps_its_redo_beside_the_file_itself() {
+        let Some((dir, path, f)) = drive(1 << 20) else {
+            return;
+        };
+        let elsewhere = tempfile::tempdir().unwrap();
+        let link = elsewhere.path().join("disk0");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        let redo = Redo::open(&link, &f, 1 << 20).unwrap().unwrap();
+        assert!(path_for(&path).unwrap().exists());
+        assert!(!path_for(&link).unwrap().exists());
+        drop(redo);
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "only the drive"
+        );
     }
 
     #[test]
