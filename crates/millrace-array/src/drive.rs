@@ -164,19 +164,21 @@ impl FileDrive {
             }
             return Err(e);
         }
+        // Before anything reads the drive, and whatever the knobs below say: writes a killed
+        // process left part done in its mapping are written again (`millrace_io::mapped::redo`).
+        let redo = match millrace_io::inline::on_memory_fs(file.as_raw_fd()) {
+            true => millrace_io::mapped::redo::Redo::open(path, &file, size)?,
+            false => None,
+        };
         let inline = millrace_io::inline::in_memory(file.as_raw_fd());
         if inline {
             millrace_io::inline::set(file.as_raw_fd(), true);
         }
-        // Before anything reads the drive: writes a killed process left part done in its
-        // mapping are written again (`millrace_io::mapped::redo`).
-        let redo = match inline {
-            true => millrace_io::mapped::redo::Redo::open(path, &file, size)?,
+        // Not inline: the redo file goes (its marks written and cleared already).
+        let mapping = match inline {
+            true => millrace_io::mapped::map(file.as_raw_fd(), size, redo),
             false => None,
         };
-        let mapping = inline
-            .then(|| millrace_io::mapped::map(file.as_raw_fd(), size, redo))
-            .flatten();
         Ok(FileDrive {
             path: path.to_path_buf(),
             file,

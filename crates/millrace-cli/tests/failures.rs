@@ -274,7 +274,9 @@ fn killed_writers_lose_nothing_acknowledged() {
 
 /// The same with the drive files in memory (/dev/shm, where there is one), which the engine
 /// maps: a write copied into the mapping and cut short by the kill once left a sector part old
-/// and part new; writes now go by pwrite, which the kernel finishes page by page.
+/// and part new; writes now go through a redo slot first, written again at the next open
+/// (`millrace_io::mapped::redo`; crates/millrace-io/tests/killed_copies.rs kills mid-copy
+/// far more often than this test can).
 #[test]
 fn killed_writers_on_memory_files_tear_no_sector() {
     let shm = Path::new("/dev/shm");

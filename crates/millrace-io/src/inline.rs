@@ -45,6 +45,11 @@ pub fn in_memory(fd: RawFd) -> bool {
     if *OFF.get_or_init(|| std::env::var("MILLRACE_INLINE_MEMORY_FILES").is_ok_and(|v| v == "0")) {
         return false;
     }
+    on_memory_fs(fd)
+}
+
+/// Whether `fd` is a file on tmpfs or ramfs, whatever `MILLRACE_INLINE_MEMORY_FILES` says.
+pub fn on_memory_fs(fd: RawFd) -> bool {
     const TMPFS_MAGIC: i64 = 0x0102_1994;
     const RAMFS_MAGIC: i64 = 0x8584_58f6;
     // SAFETY: fstatfs writes only into `s`, a zeroed struct of the right type.

@@ -36,8 +36,8 @@ use crate::inline::MAX_FD;
 pub mod redo;
 use redo::Redo;
 
-/// Mappings at once (a drive file each).
-const SLOTS: usize = 1024;
+/// Mappings at once: two per drive file (its own and its redo file's).
+const SLOTS: usize = 2048;
 
 struct Slot {
     used: AtomicBool,

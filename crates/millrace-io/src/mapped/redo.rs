@@ -53,7 +53,8 @@ pub struct Redo {
     base: *mut u8,
     busy: [AtomicBool; SLOTS],
     /// Faults in the mapping (the file shrank under us) break it; then writes go by pwrite.
-    watch: Watch,
+    /// Always Some until the drop, which ends the watch before it unmaps.
+    watch: Option<Watch>,
 }
 
 // SAFETY: the mapping is shared memory reached through atomics and claimed slots only.
@@ -74,10 +75,13 @@ pub fn path_for(drive: &Path) -> Option<PathBuf> {
 
 impl Redo {
     /// Opens (or makes) the redo file of the drive file at `path`, open as `drive` and `len`
-    /// bytes long, and first writes again what a killed process left marked in it. Ok(None)
-    /// where none can be kept (a file of that name that is not ours, a directory that refuses
-    /// a new file, no room, no mapping): the drive's writes then go by pwrite. An error: a
-    /// marked write could not be written again, so the drive may hold a torn sector.
+    /// bytes long, and first writes again what a killed process left marked in it. Call it for
+    /// every drive file in memory, whatever else is turned off, before anything reads the
+    /// drive: a mark left in place would be written again at a later open, over newer data.
+    /// Ok(None) where none can be kept (a file of that name that is not ours, a directory that
+    /// refuses a new file, no room, no mapping): the drive's writes then go by pwrite. An
+    /// error: a redo file of ours could not be read, or a marked write could not be written
+    /// again, so the drive may hold a torn sector.
     pub fn open(path: &Path, drive: &File, len: u64) -> io::Result<Option<Redo>> {
         // Beside the file itself, on its filesystem in memory, where `path` is a link to it.
         let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
@@ -85,44 +89,85 @@ impl Redo {
             return Ok(None);
         };
         let meta = drive.metadata()?;
-        let Ok(file) = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&at)
-        else {
-            return Ok(None);
+        let options = || {
+            let mut o = OpenOptions::new();
+            o.read(true)
+                .write(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+            o
         };
-        let mine = file.metadata()?;
-        if !mine.file_type().is_file() {
-            return Ok(None);
-        }
-        let mut head = [0u8; 64];
-        let fresh = mine.len() == 0;
-        if !fresh && (file.read_exact_at(&mut head, 0).is_err() || &head[..8] != MAGIC) {
-            tracing::warn!(
-                "{} is not a redo file of Millrace's; left alone, and writes to {} go by pwrite",
-                at.display(),
-                path.display()
-            );
-            return Ok(None);
-        }
-        let same_drive = get(&head, 8) == meta.dev() && get(&head, 16) == meta.ino();
-        if !fresh && mine.len() as usize == FILE_BYTES && same_drive {
-            replay(&file, drive, len, &at)?;
-        }
-        let made = (mine.dev(), mine.ino());
+        let file = match options().create_new(true).open(&at) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                let Some(f) = Redo::existing(&at, path, options)? else {
+                    return Ok(None);
+                };
+                let mut head = vec![0u8; HEADER];
+                let n = read_up_to(&f, &mut head)?;
+                if n > 0 && (n < 64 || &head[..8] != MAGIC) {
+                    tracing::warn!(
+                        "{} is not a redo file of Millrace's; left alone, and writes to {} go by pwrite",
+                        at.display(),
+                        path.display()
+                    );
+                    return Ok(None);
+                }
+                // Only marks made for this very file are written again: a drive file replaced
+                // since (another inode) gets nothing.
+                if n > 0 && get(&head, 8) == meta.dev() && get(&head, 16) == meta.ino() {
+                    replay(&f, &head, drive, len, &at)?;
+                }
+                f
+            }
+            // Nothing of that name, and the directory takes no new file: writes by pwrite.
+            Err(_) => return Ok(None),
+        };
+        let made = file.metadata().map(|m| (m.dev(), m.ino()))?;
         match Redo::prepare(at.clone(), file, meta.dev(), meta.ino()) {
             Some(redo) => Ok(Some(redo)),
             None => {
-                // Ours (made here, or of our magic) but of no use: a filesystem without
-                // fallocate (ramfs), or no room.
+                // Ours, but of no use: a filesystem without fallocate (ramfs), or no room. The
+                // marks are cleared already.
                 remove_if_still(&at, made);
                 Ok(None)
             }
         }
+    }
+
+    /// The existing file `at`, opened, if it can be ours: a plain file of this user's that
+    /// no one else may read or write, with no other name. None: someone else's, left alone
+    /// (said once). An error: ours, but it cannot be opened, so marks in it cannot be read.
+    fn existing(
+        at: &Path,
+        drive: &Path,
+        options: impl Fn() -> OpenOptions,
+    ) -> io::Result<Option<File>> {
+        let m = std::fs::symlink_metadata(at)?;
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        if !m.file_type().is_file() || m.uid() != me || m.nlink() != 1 || m.mode() & 0o077 != 0 {
+            tracing::warn!(
+                "{} is not a redo file this server made (not a private file of its user); left alone, and writes to {} go by pwrite",
+                at.display(),
+                drive.display()
+            );
+            return Ok(None);
+        }
+        let f = options().open(at).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "{} may hold writes a killed server left part done in {}, and cannot be opened ({e}); make it readable and writable by this user, or remove it if that drive's content does not matter",
+                    at.display(),
+                    drive.display()
+                ),
+            )
+        })?;
+        let same = f
+            .metadata()
+            .is_ok_and(|o| o.dev() == m.dev() && o.ino() == m.ino());
+        Ok(same.then_some(f))
     }
 
     /// Writes a clear header naming the drive, gives the file its full size in memory (so a
@@ -134,6 +179,7 @@ impl Redo {
         head[16..24].copy_from_slice(&ino.to_le_bytes());
         head[24..28].copy_from_slice(&(SLOTS as u32).to_le_bytes());
         head[28..32].copy_from_slice(&(SLOT_BYTES as u32).to_le_bytes());
+        file.set_len(FILE_BYTES as u64).ok()?;
         file.write_all_at(&head, 0).ok()?;
         // SAFETY: fallocate on a descriptor we own; no memory is passed.
         if unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, FILE_BYTES as libc::off_t) } != 0 {
@@ -150,7 +196,7 @@ impl Redo {
             file,
             base: p.cast(),
             busy: [const { AtomicBool::new(false) }; SLOTS],
-            watch,
+            watch: Some(watch),
         })
     }
 
@@ -161,8 +207,12 @@ impl Redo {
     }
 
     /// A free slot of this drive's, held until the claim is dropped; None: all in use.
+    fn broken(&self) -> bool {
+        self.watch.as_ref().is_none_or(Watch::broken)
+    }
+
     pub(crate) fn claim(&self) -> Option<Claim<'_>> {
-        if self.watch.broken() {
+        if self.broken() {
             return None;
         }
         let i = self.busy.iter().position(|b| {
@@ -175,6 +225,8 @@ impl Redo {
 
 impl Drop for Redo {
     fn drop(&mut self) {
+        // The watch first: once unmapped, the range may be another mapping's.
+        self.watch = None;
         // SAFETY: our own mapping; no claim outlives `self`.
         unsafe { libc::munmap(self.base.cast(), FILE_BYTES) };
         // Every mark is clear once no write runs, so nothing is left to replay.
@@ -213,18 +265,23 @@ impl Claim<'_> {
         let m = mark_at(self.i);
         self.redo.word(m + 8).store(offset, Ordering::Relaxed);
         self.redo.word(m + 16).store(len as u64, Ordering::Relaxed);
-        if self.redo.watch.broken() {
+        if self.redo.broken() {
             return false;
         }
         // After the data and where it goes, in program order: a kill stops between
         // instructions, and every store made before it reaches the file's pages.
         self.redo.word(m).store(MARKED, Ordering::Release);
+        // Nor may a later store (the copy into the drive) be moved above the mark: a kill is
+        // an asynchronous signal, and what it stops must be in program order.
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
         true
     }
 
     /// The marked write reached the drive: nothing to replay.
     pub(crate) fn clear(&self) {
         self.redo.word(mark_at(self.i)).store(0, Ordering::Release);
+        // The next piece's copy into the slot stays below the clear.
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
     }
 }
 
@@ -239,24 +296,51 @@ fn get(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
-/// Writes every marked slot of `file` to `drive` (`len` bytes long) again and clears it.
-fn replay(file: &File, drive: &File, len: u64, at: &Path) -> io::Result<()> {
-    let mut head = vec![0u8; HEADER];
-    file.read_exact_at(&mut head, 0)?;
+/// Reads the start of `f` into `buf`, as much as there is; how much that was.
+fn read_up_to(f: &File, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read_at(&mut buf[n..], n as u64)? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}
+
+/// Writes every marked slot of `file`, whose header is `head`, to `drive` (`len` bytes long)
+/// again. The slots' number and size are the header's own, so a file another build made is
+/// read as that build wrote it. The marks stay: the caller writes a clear header next.
+fn replay(file: &File, head: &[u8], drive: &File, len: u64, at: &Path) -> io::Result<()> {
+    let slots = u32::from_le_bytes(head[24..28].try_into().expect("4 bytes")) as usize;
+    let slot_bytes = u32::from_le_bytes(head[28..32].try_into().expect("4 bytes")) as u64;
+    if mark_at(slots) > HEADER || slot_bytes > 64 << 20 {
+        tracing::warn!(
+            "{} has a header no build of Millrace writes ({slots} slots of {slot_bytes} bytes); nothing in it is written again",
+            at.display()
+        );
+        return Ok(());
+    }
+    let file_len = file.metadata()?.len();
     let mut again = 0;
-    for i in 0..SLOTS {
+    for i in 0..slots {
         let m = mark_at(i);
-        if get(&head, m) != MARKED {
+        if get(head, m) != MARKED {
             continue;
         }
-        let (offset, n) = (get(&head, m + 8), get(&head, m + 16));
-        // A mark that does not fit the drive is not one we made for it: skip it.
-        if n > SLOT_BYTES as u64 || offset.checked_add(n).is_none_or(|end| end > len) {
+        let (offset, n) = (get(head, m + 8), get(head, m + 16));
+        let data_at = HEADER as u64 + i as u64 * slot_bytes;
+        // A mark that does not fit the drive, or whose slot the file does not hold, is not one
+        // we made for it: skip it.
+        if n > slot_bytes
+            || offset.checked_add(n).is_none_or(|end| end > len)
+            || data_at + n > file_len
+        {
             continue;
         }
         let mut data = vec![0u8; n as usize];
-        file.read_exact_at(&mut data, (HEADER + i * SLOT_BYTES) as u64)?;
-        drive.write_all_at(&data, offset).map_err(|e| {
+        file.read_exact_at(&mut data, data_at)?;
+        write_again(drive, &data, offset).map_err(|e| {
             io::Error::new(
                 e.kind(),
                 format!(
@@ -272,6 +356,22 @@ fn replay(file: &File, drive: &File, len: u64, at: &Path) -> io::Result<()> {
             "wrote again {again} write(s) a killed process had under way, from {}",
             at.display()
         );
+    }
+    Ok(())
+}
+
+/// Writes `data` at `offset` a page at a time. A page the filesystem has no room for is
+/// skipped: it holds no page yet, so the killed copy never reached it and it is whole (old).
+fn write_again(drive: &File, data: &[u8], offset: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < data.len() {
+        let at = offset + done as u64;
+        let n = (4096 - (at % 4096) as usize).min(data.len() - done);
+        match drive.write_all_at(&data[done..done + n], at) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {}
+            r => r?,
+        }
+        done += n;
     }
     Ok(())
 }
@@ -340,6 +440,78 @@ mod tests {
     }
 
     #[test]
+    fn the_open_that_writes_a_mark_again_clears_it() {
+        let Some((_dir, path, f)) = drive(1 << 20) else {
+            return;
+        };
+        killed_after_mark(&path, &f, 40960, &[0xC3u8; 4096]);
+        // Opened again, the mark written again, and killed once more before any write.
+        std::mem::forget(Redo::open(&path, &f, 1 << 20).unwrap().unwrap());
+        assert_eq!(at(&f, 40960, 4096), vec![0xC3u8; 4096]);
+        // A newer write there, then a third open: the old slot must not come back over it.
+        f.write_all_at(&[0x11u8; 4096], 40960).unwrap();
+        drop(Redo::open(&path, &f, 1 << 20).unwrap());
+        assert_eq!(at(&f, 40960, 4096), vec![0x11u8; 4096]);
+    }
+
+    /// A redo file with one marked slot, as `slots` slots of `slot_bytes` each, made by hand.
+    fn hand_made(drive: &File, slots: u32, slot_bytes: u32, slot: usize, offset: u64) -> Vec<u8> {
+        let m = drive.metadata().unwrap();
+        let mut b = vec![0u8; HEADER + slots as usize * slot_bytes as usize];
+        b[..8].copy_from_slice(MAGIC);
+        b[8..16].copy_from_slice(&m.dev().to_le_bytes());
+        b[16..24].copy_from_slice(&m.ino().to_le_bytes());
+        b[24..28].copy_from_slice(&slots.to_le_bytes());
+        b[28..32].copy_from_slice(&slot_bytes.to_le_bytes());
+        let at = mark_at(slot);
+        b[at..at + 8].copy_from_slice(&MARKED.to_le_bytes());
+        b[at + 8..at + 16].copy_from_slice(&offset.to_le_bytes());
+        b[at + 16..at + 24].copy_from_slice(&4096u64.to_le_bytes());
+        let data = HEADER + slot * slot_bytes as usize;
+        b[data..data + 4096].fill(0x77);
+        b
+    }
+
+    fn chmod(path: &Path, mode: u32) {
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn a_redo_file_of_another_shape_is_read_as_its_header_says() {
+        let Some((_dir, path, f)) = drive(1 << 20) else {
+            return;
+        };
+        let name = path_for(&path).unwrap();
+        std::fs::write(&name, hand_made(&f, 3, 16384, 2, 8192)).unwrap();
+        chmod(&name, 0o600);
+        let redo = Redo::open(&path, &f, 1 << 20).unwrap();
+        assert!(redo.is_some());
+        assert_eq!(at(&f, 8192, 4096), vec![0x77u8; 4096]);
+    }
+
+    #[test]
+    fn a_redo_file_others_may_write_is_not_trusted() {
+        let Some((_dir, path, f)) = drive(1 << 20) else {
+            return;
+        };
+        let name = path_for(&path).unwrap();
+        let planted = hand_made(&f, SLOTS as u32, SLOT_BYTES as u32, 0, 0);
+        std::fs::write(&name, &planted).unwrap();
+        chmod(&name, 0o666);
+        assert!(Redo::open(&path, &f, 1 << 20).unwrap().is_none());
+        assert_ne!(
+            at(&f, 0, 4096),
+            vec![0x77u8; 4096],
+            "nothing written from it"
+        );
+        assert_eq!(
+            std::fs::read(&name).unwrap(),
+            planted,
+            "and it is left as it was"
+        );
+    }
+
+    #[test]
     fn a_cleared_slot_is_not_written_again() {
         let Some((_dir, path, f)) = drive(1 << 20) else {
             return;
@@ -381,9 +553,12 @@ mod tests {
             return;
         };
         let other = path_for(&path).unwrap();
-        std::fs::write(&other, b"someone else's notes").unwrap();
-        assert!(Redo::open(&path, &f, 1 << 20).unwrap().is_none());
-        assert_eq!(std::fs::read(&other).unwrap(), b"someone else's notes");
+        for mode in [0o644, 0o600] {
+            std::fs::write(&other, b"someone else's notes").unwrap();
+            chmod(&other, mode);
+            assert!(Redo::open(&path, &f, 1 << 20).unwrap().is_none());
+            assert_eq!(std::fs::read(&other).unwrap(), b"someone else's notes");
+        }
     }
 
     #[test]
