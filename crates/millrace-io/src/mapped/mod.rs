@@ -90,7 +90,9 @@ static HANDLER: OnceLock<Option<Handler>> = OnceLock::new();
 /// the descriptor closes, so its number is never taken for this mapping again.
 pub struct Mapping {
     fd: RawFd,
-    slot: usize,
+    /// Its slot in the table, which the SIGBUS handler watches; always Some until the drop,
+    /// which ends the watch before it unmaps.
+    watch: Option<Watch>,
     base: usize,
     len: usize,
 }
@@ -120,26 +122,24 @@ pub fn map(fd: RawFd, len: u64, redo: Option<Redo>) -> Option<Mapping> {
     }
     let i = fd_index(fd)?;
     let len = usize::try_from(len).ok().filter(|&l| l > 0)?;
-    HANDLER.get_or_init(install).as_ref()?;
     let p = map_shared(fd, len)?;
     let base = p as usize;
-    let Some(slot) = take_slot() else {
+    let Some(watch) = watch(base, len) else {
         // SAFETY: unmaps what was mapped just above and never published.
         unsafe { libc::munmap(p, len) };
         return None;
     };
-    let s = &TABLE[slot];
+    let s = &TABLE[watch.slot];
     let known = Box::new(Filled::new(len as u64, allocated(fd, len)));
     s.filled.store(Box::into_raw(known), Ordering::SeqCst);
     if let Some(r) = redo {
         s.redo.store(Box::into_raw(Box::new(r)), Ordering::SeqCst);
     }
-    s.len.store(len, Ordering::SeqCst);
-    s.base.store(base, Ordering::SeqCst);
-    SLOT_OF[i].store(slot as u16 + 1, Ordering::Release);
+    // Copies find the mapping through its descriptor: published last, when all is in place.
+    SLOT_OF[i].store(watch.slot as u16 + 1, Ordering::Release);
     Some(Mapping {
         fd,
-        slot,
+        watch: Some(watch),
         base,
         len,
     })
@@ -161,19 +161,9 @@ fn map_shared(fd: RawFd, len: usize) -> Option<*mut libc::c_void> {
     (p != libc::MAP_FAILED).then_some(p)
 }
 
-fn take_slot() -> Option<usize> {
-    let slot = TABLE.iter().position(|s| {
-        s.used
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-    })?;
-    TABLE[slot].broken.store(false, Ordering::SeqCst);
-    Some(slot)
-}
-
-/// A mapping of ours that is not a drive's (a redo file's), watched for faults: one there
-/// breaks it (and fills the page with zeroes) instead of killing the process. Dropping it
-/// stops the watch; unmap after that.
+/// A mapping of ours (a drive file's or its redo file's) in the table, watched for faults: one
+/// there breaks it (and fills the page with zeroes) instead of killing the process. Dropping it
+/// stops the watch and frees the slot; unmap after that.
 pub(crate) struct Watch {
     slot: usize,
 }
@@ -181,8 +171,13 @@ pub(crate) struct Watch {
 /// Watches `base..base+len`; None where the handler could not be installed or no slot is free.
 pub(crate) fn watch(base: usize, len: usize) -> Option<Watch> {
     HANDLER.get_or_init(install).as_ref()?;
-    let slot = take_slot()?;
+    let slot = TABLE.iter().position(|s| {
+        s.used
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    })?;
     let s = &TABLE[slot];
+    s.broken.store(false, Ordering::SeqCst);
     s.len.store(len, Ordering::SeqCst);
     s.base.store(base, Ordering::SeqCst);
     Some(Watch { slot })
@@ -209,7 +204,8 @@ impl Mapping {
     /// can still allocate a page of the hole: memory, never wrong data, since a hole reads as
     /// zeroes either way.)
     pub fn punching_hole(&self, offset: u64, len: u64) {
-        let f = TABLE[self.slot].filled.load(Ordering::Acquire);
+        let Some(w) = &self.watch else { return };
+        let f = TABLE[w.slot].filled.load(Ordering::Acquire);
         // SAFETY: set in `map` and freed only in this mapping's drop.
         if let Some(f) = unsafe { f.as_ref() } {
             f.punching(offset, len);
@@ -222,23 +218,24 @@ impl Drop for Mapping {
         if let Some(i) = fd_index(self.fd) {
             SLOT_OF[i].store(0, Ordering::Release);
         }
-        let s = &TABLE[self.slot];
-        s.base.store(0, Ordering::SeqCst);
-        s.len.store(0, Ordering::SeqCst);
-        let f = s.filled.swap(std::ptr::null_mut(), Ordering::SeqCst);
-        if !f.is_null() {
-            // SAFETY: made by Box::into_raw in `map`, unpublished just above.
-            drop(unsafe { Box::from_raw(f) });
-        }
-        let r = s.redo.swap(std::ptr::null_mut(), Ordering::SeqCst);
-        if !r.is_null() {
-            // SAFETY: as `f`; no write runs once the drive is being dropped.
-            drop(unsafe { Box::from_raw(r) });
+        if let Some(w) = self.watch.take() {
+            let s = &TABLE[w.slot];
+            let f = s.filled.swap(std::ptr::null_mut(), Ordering::SeqCst);
+            if !f.is_null() {
+                // SAFETY: made by Box::into_raw in `map`, unpublished just above.
+                drop(unsafe { Box::from_raw(f) });
+            }
+            let r = s.redo.swap(std::ptr::null_mut(), Ordering::SeqCst);
+            if !r.is_null() {
+                // SAFETY: as `f`; no write runs once the drive is being dropped.
+                drop(unsafe { Box::from_raw(r) });
+            }
+            // The watch ends before the unmap: once unmapped, the range may be another's.
+            drop(w);
         }
         // SAFETY: our own mapping, no longer published; the drive that owns it runs no I/O
         // once it is being dropped.
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
-        s.used.store(false, Ordering::Release);
     }
 }
 

@@ -206,11 +206,12 @@ impl Redo {
         unsafe { &*self.base.add(at).cast::<AtomicU64>() }
     }
 
-    /// A free slot of this drive's, held until the claim is dropped; None: all in use.
     fn broken(&self) -> bool {
         self.watch.as_ref().is_none_or(Watch::broken)
     }
 
+    /// A free slot of this drive's, held until the claim is dropped; None: all in use (or the
+    /// redo file's mapping broke).
     pub(crate) fn claim(&self) -> Option<Claim<'_>> {
         if self.broken() {
             return None;
