@@ -39,10 +39,24 @@ impl Model {
             let g = &got[s * 4096..(s + 1) * 4096];
             let ok = g == &self.durable[s * 4096..(s + 1) * 4096]
                 || self.since.get(&s).is_some_and(|c| c.contains(&h(g)));
-            assert!(
-                ok,
-                "{ctx}: sector {s} holds neither its durable content nor one written since"
-            );
+            if !ok {
+                let (d, n) = (
+                    &self.durable[s * 4096..][..4096],
+                    &self.now[s * 4096..][..4096],
+                );
+                let same = |x: &[u8]| g.iter().zip(x).filter(|(a, b)| a == b).count();
+                let runs: Vec<(usize, bool, bool)> = (0..4096 / 256)
+                    .map(|i| {
+                        let r = i * 256..(i + 1) * 256;
+                        (i, g[r.clone()] == d[r.clone()], g[r.clone()] == n[r])
+                    })
+                    .collect();
+                panic!(
+                    "{ctx}: sector {s} holds neither its durable content nor one written since ({} of 4096 bytes as durable, {} as the latest; per 256 bytes (durable, latest): {runs:?})",
+                    same(d),
+                    same(n)
+                );
+            }
         }
     }
 }
