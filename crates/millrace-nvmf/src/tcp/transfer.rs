@@ -25,7 +25,7 @@ impl Conn {
     pub(super) async fn start_r2t(&mut self, sqe: Sqe, len: usize) -> Result<(), Stop> {
         let cid = sqe.cid();
         if self.pending.lock().contains_key(&cid) {
-            self.reply.done(cid, Status::CID_CONFLICT, 0).await;
+            self.reply.done(cid, Status::CID_CONFLICT, 0);
             return Ok(());
         }
         let pending = self.pending.clone();
@@ -51,19 +51,19 @@ impl Conn {
             // Connect's own data (at most CONNECT_DATA_MAX, one per connection): a host not yet
             // admitted takes nothing from the pool.
             let out = register(IoBuf::standalone(len), None);
-            let _ = self.reply.tx.send(out).await;
+            self.reply.send(out);
             return Ok(());
         };
         let pool = self.session.pool().clone();
         if len > pool.max_buf() {
-            self.reply.done(cid, Status::INVALID_FIELD, 0).await;
+            self.reply.done(cid, Status::INVALID_FIELD, 0);
             return Ok(());
         }
         let held = share.try_take(len);
         if held.is_some() {
             if let Ok(Some(b)) = pool.try_get(len) {
                 let out = register(b, held);
-                let _ = self.reply.tx.send(out).await;
+                self.reply.send(out);
                 return Ok(());
             }
         }
@@ -88,7 +88,7 @@ impl Conn {
                     // In `pending` before it stops counting as waiting.
                     let out = register(b, Some(held));
                     waiting.fetch_sub(1, Ordering::AcqRel);
-                    let _ = reply.tx.send(out).await;
+                    reply.send(out);
                     return;
                 },
             }
@@ -135,8 +135,7 @@ impl Conn {
         let chain = self.plug.release(p.sqe.cid());
         if p.digest_error {
             self.reply
-                .done(p.sqe.cid(), Status::TRANSIENT_TRANSPORT_ERROR, 0)
-                .await;
+                .done(p.sqe.cid(), Status::TRANSIENT_TRANSPORT_ERROR, 0);
             self.run_held(chain).await;
             return Ok(());
         }
