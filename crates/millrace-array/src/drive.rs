@@ -164,17 +164,23 @@ impl FileDrive {
             }
             return Err(e);
         }
-        // Before anything reads the drive, and whatever the knobs below say: writes a killed
-        // process left part done in its mapping are written again (`millrace_io::mapped::redo`).
-        let redo = match millrace_io::inline::on_memory_fs(file.as_raw_fd()) {
-            true => millrace_io::mapped::redo::Redo::open(path, &file, size)?,
-            false => None,
+        // Before anything reads the drive, and whatever the knob says: writes a killed process
+        // left part done in its mapping are written again (`millrace_io::mapped::redo`). Only
+        // a drive whose writes go through the mapping keeps a redo file.
+        use millrace_io::mapped::redo::Redo;
+        let fd = file.as_raw_fd();
+        let inline = millrace_io::inline::in_memory(fd);
+        let redo = match (inline, millrace_io::inline::on_memory_fs(fd)) {
+            (true, _) => Redo::open(path, &file, size)?,
+            (false, true) => {
+                Redo::replay_only(path, &file, size)?;
+                None
+            }
+            (false, false) => None,
         };
-        let inline = millrace_io::inline::in_memory(file.as_raw_fd());
         if inline {
-            millrace_io::inline::set(file.as_raw_fd(), true);
+            millrace_io::inline::set(fd, true);
         }
-        // Not inline: the redo file goes (its marks written and cleared already).
         let mapping = match inline {
             true => millrace_io::mapped::map(file.as_raw_fd(), size, redo),
             false => None,

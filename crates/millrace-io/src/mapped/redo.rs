@@ -100,25 +100,10 @@ impl Redo {
         let file = match options().create_new(true).open(&at) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                let Some(f) = Redo::existing(&at, path, options)? else {
-                    return Ok(None);
-                };
-                let mut head = vec![0u8; HEADER];
-                let n = read_up_to(&f, &mut head)?;
-                if n > 0 && (n < 64 || &head[..8] != MAGIC) {
-                    tracing::warn!(
-                        "{} is not a redo file of Millrace's; left alone, and writes to {} go by pwrite",
-                        at.display(),
-                        path.display()
-                    );
-                    return Ok(None);
+                match Redo::replayed(&at, path, drive, len, options)? {
+                    Some(f) => f,
+                    None => return Ok(None),
                 }
-                // Only marks made for this very file are written again: a drive file replaced
-                // since (another inode) gets nothing.
-                if n > 0 && get(&head, 8) == meta.dev() && get(&head, 16) == meta.ino() {
-                    replay(&f, &head, drive, len, &at)?;
-                }
-                f
             }
             // Nothing of that name, and the directory takes no new file: writes by pwrite.
             Err(_) => return Ok(None),
@@ -133,6 +118,63 @@ impl Redo {
                 Ok(None)
             }
         }
+    }
+
+    /// What [`Redo::open`] does first, for a drive file in memory whose writes will not go
+    /// through a mapping (`MILLRACE_INLINE_MEMORY_FILES=0`): writes again what a killed process
+    /// left marked in its redo file and removes the file, but makes none.
+    pub fn replay_only(path: &Path, drive: &File, len: u64) -> io::Result<()> {
+        let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let Some(at) = path_for(&real) else {
+            return Ok(());
+        };
+        let options = || {
+            let mut o = OpenOptions::new();
+            o.read(true)
+                .write(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+            o
+        };
+        match std::fs::symlink_metadata(&at) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            _ => {}
+        }
+        if let Some(f) = Redo::replayed(&at, path, drive, len, options)? {
+            let m = f.metadata()?;
+            remove_if_still(&at, (m.dev(), m.ino()));
+        }
+        Ok(())
+    }
+
+    /// The existing redo file `at` of the drive file at `path`, once what it holds marked for
+    /// this drive (open as `drive`, `len` bytes) is written again. None: not ours, left alone.
+    fn replayed(
+        at: &Path,
+        path: &Path,
+        drive: &File,
+        len: u64,
+        options: impl Fn() -> OpenOptions,
+    ) -> io::Result<Option<File>> {
+        let Some(f) = Redo::existing(at, path, options)? else {
+            return Ok(None);
+        };
+        let meta = drive.metadata()?;
+        let mut head = vec![0u8; HEADER];
+        let n = read_up_to(&f, &mut head)?;
+        if n > 0 && (n < 64 || &head[..8] != MAGIC) {
+            tracing::warn!(
+                "{} is not a redo file of Millrace's; left alone, and writes to {} go by pwrite",
+                at.display(),
+                path.display()
+            );
+            return Ok(None);
+        }
+        // Only marks made for this very file are written again: a drive file replaced since
+        // (another inode) gets nothing.
+        if n > 0 && get(&head, 8) == meta.dev() && get(&head, 16) == meta.ino() {
+            replay(&f, &head, drive, len, at)?;
+        }
+        Ok(Some(f))
     }
 
     /// The existing file `at`, opened, if it can be ours: a plain file of this user's that
@@ -453,6 +495,32 @@ mod tests {
         f.write_all_at(&[0x11u8; 4096], 40960).unwrap();
         drop(Redo::open(&path, &f, 1 << 20).unwrap());
         assert_eq!(at(&f, 40960, 4096), vec![0x11u8; 4096]);
+    }
+
+    /// A drive whose writes will not go through a mapping makes no redo file, but still writes
+    /// again what a killed process left marked in one, and removes it.
+    #[test]
+    fn replay_only_writes_a_mark_again_and_leaves_no_file() {
+        let Some((_dir, path, f)) = drive(1 << 20) else {
+            return;
+        };
+        let file = path_for(&path).unwrap();
+        Redo::replay_only(&path, &f, 1 << 20).unwrap();
+        assert!(!file.exists(), "no redo file made where none was");
+        killed_after_mark(&path, &f, 8192, &[0x5Au8; 4096]);
+        assert!(file.exists());
+        Redo::replay_only(&path, &f, 1 << 20).unwrap();
+        assert_eq!(
+            at(&f, 8192, 4096),
+            vec![0x5Au8; 4096],
+            "the mark written again"
+        );
+        assert!(!file.exists(), "the redo file removed once replayed");
+        // Someone else's file of that name is left alone.
+        std::fs::write(&file, b"not ours").unwrap();
+        chmod(&file, 0o600);
+        Redo::replay_only(&path, &f, 1 << 20).unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), b"not ours");
     }
 
     /// A redo file with one marked slot, as `slots` slots of `slot_bytes` each, made by hand.
