@@ -182,7 +182,7 @@ impl FileDrive {
             millrace_io::inline::set(fd, true);
         }
         let mapping = match inline {
-            true => millrace_io::mapped::map(file.as_raw_fd(), size, redo),
+            true => millrace_io::mapped::map(fd, size, redo),
             false => None,
         };
         Ok(FileDrive {

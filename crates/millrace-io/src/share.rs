@@ -40,8 +40,12 @@ impl Share {
         self.take_bytes(charge(len)).await
     }
 
-    /// Waits until `bytes` (already a charge, or 0) fit in the share, and holds them.
+    /// Waits until `bytes` (already a charge, or 0) fit in the share, and holds them. Where
+    /// they fit now, without building a wait's future (most requests).
     pub async fn take_bytes(&self, bytes: u32) -> Held {
+        if let Ok(h) = self.0.clone().try_acquire_many_owned(bytes) {
+            return h;
+        }
         (self.0.clone().acquire_many_owned(bytes).await).expect("a share is never closed")
     }
 

@@ -180,12 +180,8 @@ impl IoCommand {
         if len as usize != self.c2h_len {
             return Err(Status::DATA_SGL_LENGTH_INVALID);
         }
-        // Without a wait's future where the share has room (most reads).
         let held = match &self.share {
-            Some(sh) => match sh.try_take(len as usize) {
-                Some(h) => Some(h),
-                None => Some(sh.take(len as usize).await),
-            },
+            Some(sh) => Some(sh.take(len as usize).await),
             None => None,
         };
         let buf = self.pool.get(len as usize).await.map_err(|e| {

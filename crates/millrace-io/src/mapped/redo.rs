@@ -73,6 +73,23 @@ pub fn path_for(drive: &Path) -> Option<PathBuf> {
     Some(drive.with_file_name(format!(".{name}.millrace-redo")))
 }
 
+/// Where the redo file of the drive file at `path` lies: beside the file itself, on its
+/// filesystem in memory, where `path` is a link to it.
+fn beside(path: &Path) -> Option<PathBuf> {
+    let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    path_for(&real)
+}
+
+/// How a redo file is opened: never through a link, private to this user when made.
+fn options() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.read(true)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+    o
+}
+
 impl Redo {
     /// Opens (or makes) the redo file of the drive file at `path`, open as `drive` and `len`
     /// bytes long, and first writes again what a killed process left marked in it. Call it for
@@ -83,24 +100,14 @@ impl Redo {
     /// error: a redo file of ours could not be read, or a marked write could not be written
     /// again, so the drive may hold a torn sector.
     pub fn open(path: &Path, drive: &File, len: u64) -> io::Result<Option<Redo>> {
-        // Beside the file itself, on its filesystem in memory, where `path` is a link to it.
-        let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-        let Some(at) = path_for(&real) else {
+        let Some(at) = beside(path) else {
             return Ok(None);
         };
         let meta = drive.metadata()?;
-        let options = || {
-            let mut o = OpenOptions::new();
-            o.read(true)
-                .write(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
-            o
-        };
         let file = match options().create_new(true).open(&at) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                match Redo::replayed(&at, path, drive, len, options)? {
+                match Redo::replayed(&at, path, drive, len)? {
                     Some(f) => f,
                     None => return Ok(None),
                 }
@@ -124,22 +131,14 @@ impl Redo {
     /// through a mapping (`MILLRACE_INLINE_MEMORY_FILES=0`): writes again what a killed process
     /// left marked in its redo file and removes the file, but makes none.
     pub fn replay_only(path: &Path, drive: &File, len: u64) -> io::Result<()> {
-        let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-        let Some(at) = path_for(&real) else {
+        let Some(at) = beside(path) else {
             return Ok(());
-        };
-        let options = || {
-            let mut o = OpenOptions::new();
-            o.read(true)
-                .write(true)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
-            o
         };
         match std::fs::symlink_metadata(&at) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             _ => {}
         }
-        if let Some(f) = Redo::replayed(&at, path, drive, len, options)? {
+        if let Some(f) = Redo::replayed(&at, path, drive, len)? {
             let m = f.metadata()?;
             remove_if_still(&at, (m.dev(), m.ino()));
         }
@@ -148,14 +147,8 @@ impl Redo {
 
     /// The existing redo file `at` of the drive file at `path`, once what it holds marked for
     /// this drive (open as `drive`, `len` bytes) is written again. None: not ours, left alone.
-    fn replayed(
-        at: &Path,
-        path: &Path,
-        drive: &File,
-        len: u64,
-        options: impl Fn() -> OpenOptions,
-    ) -> io::Result<Option<File>> {
-        let Some(f) = Redo::existing(at, path, options)? else {
+    fn replayed(at: &Path, path: &Path, drive: &File, len: u64) -> io::Result<Option<File>> {
+        let Some(f) = Redo::existing(at, path)? else {
             return Ok(None);
         };
         let meta = drive.metadata()?;
@@ -180,11 +173,7 @@ impl Redo {
     /// The existing file `at`, opened, if it can be ours: a plain file of this user's that
     /// no one else may read or write, with no other name. None: someone else's, left alone
     /// (said once). An error: ours, but it cannot be opened, so marks in it cannot be read.
-    fn existing(
-        at: &Path,
-        drive: &Path,
-        options: impl Fn() -> OpenOptions,
-    ) -> io::Result<Option<File>> {
+    fn existing(at: &Path, drive: &Path) -> io::Result<Option<File>> {
         let m = std::fs::symlink_metadata(at)?;
         // SAFETY: geteuid has no preconditions.
         let me = unsafe { libc::geteuid() };

@@ -75,10 +75,11 @@ impl Outbox {
         Replier { out, qid: 0 }
     }
 
-    fn push(&self, o: Out) {
+    /// Queues `o` for the writer; false (and `o` dropped) once the writer has stopped.
+    fn push(&self, o: Out) -> bool {
         let mut q = self.queue.lock();
         if q.closed {
-            return;
+            return false;
         }
         q.items.push(o);
         let first = q.items.len() == 1;
@@ -86,6 +87,7 @@ impl Outbox {
         if first {
             self.wake.notify_one();
         }
+        true
     }
 }
 
@@ -136,21 +138,25 @@ impl Replier {
         self.out.push(o);
     }
 
-    pub fn done(&self, cid: u16, status: Status, result: u64) {
+    /// A command's completion, made ready to queue: it no longer counts as in flight (before
+    /// the host can see it) and carries this queue's id.
+    fn retire(&self, mut c: Cqe) -> Cqe {
         self.out.inflight.fetch_sub(1, Ordering::Relaxed);
+        c.sqid = self.qid;
+        c
+    }
+
+    pub fn done(&self, cid: u16, status: Status, result: u64) {
         if !status.is_success() {
             self.out.t.counters.errors.fetch_add(1, Ordering::Relaxed);
         }
-        let mut c = Cqe::new(cid, status, result);
-        c.sqid = self.qid;
-        self.out.push(Out::Resp(c));
+        self.out
+            .push(Out::Resp(self.retire(Cqe::new(cid, status, result))));
     }
 
     pub fn data(&self, cid: u16, data: IoBuf, held: Option<Held>, result: u64) {
-        self.out.inflight.fetch_sub(1, Ordering::Relaxed);
-        let mut c = Cqe::new(cid, Status::SUCCESS, result);
-        c.sqid = self.qid;
-        self.out.push(Out::Data { cqe: c, data, held });
+        let cqe = self.retire(Cqe::new(cid, Status::SUCCESS, result));
+        self.out.push(Out::Data { cqe, data, held });
     }
 
     /// Completes an I/O command as it ended.
@@ -163,17 +169,15 @@ impl Replier {
 }
 
 /// Completes an admin queue's parked commands from any task: the in-flight count drops before
-/// the host can see the completion; false once the connection's writer has stopped.
+/// the host can see the completion, and comes back if the writer has stopped (false).
 pub(super) fn completer(r: &Replier) -> crate::model::Completer {
     let r = r.clone();
-    Arc::new(move |mut c: Cqe| {
-        if r.out.queue.lock().closed {
-            return false;
+    Arc::new(move |c: Cqe| {
+        if r.out.push(Out::Resp(r.retire(c))) {
+            return true;
         }
-        r.out.inflight.fetch_sub(1, Ordering::Relaxed);
-        c.sqid = r.qid;
-        r.out.push(Out::Resp(c));
-        true
+        r.out.inflight.fetch_add(1, Ordering::Relaxed);
+        false
     })
 }
 
@@ -238,12 +242,13 @@ async fn writer(mut wr: OwnedWriteHalf, out: Arc<Outbox>, f: Fmt, sqhd: Arc<Atom
     }
     let _ = g.flush(&mut wr).await;
     let _ = wr.shutdown().await;
+    // What is still queued goes (its buffers back to the pool) outside the lock.
     let left = {
         let mut q = out.queue.lock();
         q.closed = true;
         std::mem::take(&mut q.items)
     };
-    drop((left, batch));
+    drop(left);
 }
 
 #[cfg(test)]
