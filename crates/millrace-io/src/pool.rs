@@ -14,7 +14,7 @@ use tokio::sync::{Notify, Semaphore};
 
 use crate::buddy::Buddy;
 use crate::buf::{Home, IoBuf};
-use crate::region::{Inner, Slice, ALIGN};
+use crate::region::{Inner, Pages, Slice, ALIGN};
 
 /// The shape of a pool.
 #[derive(Clone, Debug)]
@@ -138,10 +138,13 @@ impl BufPool {
         }
         let slices = (0..slices)
             .map(|_| Slice {
-                alloc: Mutex::new(Buddy::new(slice_pages as u32, max_order)),
+                alloc: Mutex::new(Pages {
+                    buddy: Buddy::new(slice_pages as u32, max_order),
+                    gets: 0,
+                }),
                 turnstile: Semaphore::new(1),
                 freed: Notify::new(),
-                in_use: AtomicU64::new(0),
+                waiting: AtomicUsize::new(0),
             })
             .collect();
         Ok(BufPool {
@@ -153,7 +156,6 @@ impl BufPool {
                 slices,
                 peak: AtomicU64::new(0),
                 in_use: AtomicU64::new(0),
-                gets: AtomicU64::new(0),
                 waits: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
             }),
@@ -193,7 +195,7 @@ impl BufPool {
         self.inner
             .slices
             .iter()
-            .map(|s| s.alloc.lock().free_pages() as u64 * ALIGN as u64)
+            .map(|s| s.alloc.lock().buddy.free_pages() as u64 * ALIGN as u64)
             .collect()
     }
 
@@ -203,7 +205,7 @@ impl BufPool {
             capacity_bytes: i.bytes as u64,
             in_use_bytes: i.in_use.load(Ordering::Relaxed),
             peak_bytes: i.peak.load(Ordering::Relaxed),
-            gets: i.gets.load(Ordering::Relaxed),
+            gets: i.slices.iter().map(|s| s.alloc.lock().gets).sum(),
             waits: i.waits.load(Ordering::Relaxed),
             refused: i.refused.load(Ordering::Relaxed),
         }
@@ -226,12 +228,17 @@ impl BufPool {
     fn take(&self, slice: usize, order: u8, len: usize) -> Option<IoBuf> {
         let i = &self.inner;
         let s = &i.slices[slice];
-        let page = s.alloc.lock().alloc(order)?;
+        let page = {
+            let mut pages = s.alloc.lock();
+            let page = pages.buddy.alloc(order)?;
+            pages.gets += 1;
+            page
+        };
         let n = (ALIGN as u64) << order;
-        s.in_use.fetch_add(n, Ordering::Relaxed);
         let now = i.in_use.fetch_add(n, Ordering::Relaxed) + n;
-        i.peak.fetch_max(now, Ordering::Relaxed);
-        i.gets.fetch_add(1, Ordering::Relaxed);
+        if now > i.peak.load(Ordering::Relaxed) {
+            i.peak.fetch_max(now, Ordering::Relaxed);
+        }
         let at = slice * i.slice_bytes + page as usize * ALIGN;
         // SAFETY: inside the mapping; the buddy allocator gave these pages to this buffer alone.
         let ptr = unsafe { NonNull::new_unchecked(i.base.as_ptr().add(at)) };
@@ -277,6 +284,8 @@ impl BufPool {
             .acquire()
             .await
             .expect("the turnstile is never closed");
+        s.waiting.fetch_add(1, Ordering::SeqCst);
+        let _counted = Waiting(&s.waiting);
         loop {
             let freed = s.freed.notified();
             tokio::pin!(freed);
@@ -286,6 +295,15 @@ impl BufPool {
             }
             freed.await;
         }
+    }
+}
+
+/// A taker counted as waiting for freed pages until it has them or gives up.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -3,7 +3,7 @@
 //! and not on each other.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use tokio::sync::{Notify, Semaphore};
@@ -14,14 +14,22 @@ use crate::buddy::Buddy;
 pub const ALIGN: usize = 4096;
 
 pub(crate) struct Slice {
-    pub(crate) alloc: Mutex<Buddy>,
+    pub(crate) alloc: Mutex<Pages>,
     /// One permit: the waiter at the head of the line. Tokio's semaphore queues fairly, so the
     /// others wait behind it in arrival order and a stream of small requests cannot starve a
     /// large one.
     pub(crate) turnstile: Semaphore,
-    /// Rung whenever pages come back.
+    /// Rung when pages come back while someone waits for them.
     pub(crate) freed: Notify,
-    pub(crate) in_use: AtomicU64,
+    /// Takers waiting on `freed` (at most the one at the head of the line): a buffer given
+    /// back rings only then, not once per request.
+    pub(crate) waiting: AtomicUsize,
+}
+
+/// A slice's pages and what is counted under the same lock (no atomic of its own per take).
+pub(crate) struct Pages {
+    pub(crate) buddy: Buddy,
+    pub(crate) gets: u64,
 }
 
 pub(crate) struct Inner {
@@ -32,7 +40,6 @@ pub(crate) struct Inner {
     pub(crate) slices: Vec<Slice>,
     pub(crate) peak: AtomicU64,
     pub(crate) in_use: AtomicU64,
-    pub(crate) gets: AtomicU64,
     pub(crate) waits: AtomicU64,
     pub(crate) refused: AtomicU64,
 }
@@ -52,10 +59,13 @@ impl Drop for Inner {
 impl Inner {
     pub(crate) fn give_back(&self, slice: u32, page: u32, order: u8) {
         let s = &self.slices[slice as usize];
-        s.alloc.lock().free(page, order);
-        let n = (ALIGN as u64) << order;
-        s.in_use.fetch_sub(n, Ordering::Relaxed);
-        self.in_use.fetch_sub(n, Ordering::Relaxed);
-        s.freed.notify_one();
+        s.alloc.lock().buddy.free(page, order);
+        self.in_use
+            .fetch_sub((ALIGN as u64) << order, Ordering::Relaxed);
+        // After the free, so a taker that counted itself waiting either finds the pages or is
+        // rung (its count and this look are both SeqCst, each beside the slice's lock).
+        if s.waiting.load(Ordering::SeqCst) > 0 {
+            s.freed.notify_one();
+        }
     }
 }

@@ -27,17 +27,25 @@ pub enum IoDone {
     },
 }
 
+/// What every I/O command of a queue reaches besides its namespace, behind one reference: a
+/// command took one of each (and one of the controller) before, about 1% of a core at 4K on
+/// NVMe/TCP (docs/PERFORMANCE.md).
+pub(crate) struct IoQueue {
+    pub subsys: Arc<Subsystem>,
+    pub pool: BufPool,
+    /// The host's share of the pool, which its data buffers count against.
+    pub share: Share,
+}
+
 /// One admitted I/O command, ready to run in a task of its own.
 pub struct IoCommand {
-    pub(crate) subsys: Arc<Subsystem>,
+    /// The queue's subsystem, pool and host's share (taken before the pool's buffer).
+    pub(crate) q: Arc<IoQueue>,
     pub(crate) ns: Arc<Ns>,
     pub(crate) sqe: Sqe,
     pub(crate) data: Option<IoBuf>,
     pub(crate) c2h_len: usize,
     pub(crate) max_transfer: usize,
-    pub(crate) pool: BufPool,
-    /// The host's share of the pool, taken before the pool's buffer.
-    pub(crate) share: Option<Share>,
 }
 
 fn on_core() -> bool {
@@ -162,7 +170,7 @@ impl IoCommand {
             tracing::warn!("a write of {len} bytes at {off} failed: {e}");
             status_of(&e, false)
         })?;
-        let io_ctr = &self.subsys.io;
+        let io_ctr = &self.q.subsys.io;
         io_ctr.write_commands.fetch_add(1, Ordering::Relaxed);
         io_ctr.bytes_written.fetch_add(len, Ordering::Relaxed);
         Ok(IoDone::Status(Status::SUCCESS))
@@ -180,11 +188,8 @@ impl IoCommand {
         if len as usize != self.c2h_len {
             return Err(Status::DATA_SGL_LENGTH_INVALID);
         }
-        let held = match &self.share {
-            Some(sh) => Some(sh.take(len as usize).await),
-            None => None,
-        };
-        let buf = self.pool.get(len as usize).await.map_err(|e| {
+        let held = Some(self.q.share.take(len as usize).await);
+        let buf = self.q.pool.get(len as usize).await.map_err(|e| {
             tracing::warn!("no buffer for a read of {len} bytes: {e}");
             Status::INVALID_FIELD
         })?;
@@ -193,7 +198,7 @@ impl IoCommand {
             tracing::warn!("a read of {len} bytes at {off} failed: {e}");
             status_of(&e, true)
         })?;
-        let io_ctr = &self.subsys.io;
+        let io_ctr = &self.q.subsys.io;
         io_ctr.read_commands.fetch_add(1, Ordering::Relaxed);
         io_ctr.bytes_read.fetch_add(len, Ordering::Relaxed);
         Ok(IoDone::Read { data: buf, held })
@@ -201,7 +206,7 @@ impl IoCommand {
 
     async fn flush(&self) -> Result<IoDone, Status> {
         if self.sqe.nsid() == u32::MAX {
-            let all = self.subsys.namespaces.load_full();
+            let all = self.q.subsys.namespaces.load_full();
             for n in all.iter() {
                 dev_op(&n.dev, Op::Flush)
                     .await

@@ -323,6 +323,13 @@ impl Subsystem {
             .ok()
             .map(|i| v[i].clone())
     }
+    /// `f` of namespace `nsid`, without a reference of its own to keep.
+    pub fn with_ns<R>(&self, nsid: u32, f: impl FnOnce(&Ns) -> R) -> Option<R> {
+        let v = self.namespaces.load();
+        v.binary_search_by_key(&nsid, |n| n.nsid)
+            .ok()
+            .map(|i| f(&v[i]))
+    }
     pub fn host_allowed(&self, hostnqn: &str) -> bool {
         self.allow_any_host || self.allowed_hosts.read().iter().any(|h| h == hostnqn)
     }

@@ -6,7 +6,7 @@
 
 use crate::admin;
 use crate::cmd::{self, fctype, io, Sqe, Status, Transfer, CONNECT_DATA_LEN};
-use crate::io_commands::IoCommand;
+use crate::io_commands::{IoCommand, IoQueue};
 use crate::model::{Completer, Controller, Inner, Transport, TransportInfo, AERL};
 use millrace_io::Share;
 use millrace_io::{BufPool, IoBuf};
@@ -52,8 +52,7 @@ struct Bound {
     ctrl: Arc<Controller>,
     qid: u16,
     depth: usize,
-    /// The host's share of the pool, which its data buffers count against.
-    share: Share,
+    io: Arc<IoQueue>,
 }
 
 /// The target's side of one queue. Dropping it ends the queue: an admin queue takes its
@@ -146,7 +145,7 @@ impl Session {
     /// The connected host's share of the pool: a buffer's bytes are taken from it before the
     /// buffer is taken from the pool (None before Connect).
     pub fn share(&self) -> Option<&Share> {
-        self.q.as_ref().map(|q| &q.share)
+        self.q.as_ref().map(|q| &q.io.share)
     }
 
     /// Where a Write on this I/O queue ends, with its namespace's write granule;
@@ -156,12 +155,12 @@ impl Session {
         if sqe.is_fabrics() || sqe.opcode() != io::WRITE {
             return None;
         }
-        let ns = q.ctrl.subsys.ns(sqe.nsid())?;
+        let granule = q.io.subsys.with_ns(sqe.nsid(), |ns| ns.granule_blocks)?;
         let end = sqe.slba().checked_add(u64::from(sqe.nlb()))?;
-        (ns.granule_blocks > 0).then_some(crate::plug::Span {
+        (granule > 0).then_some(crate::plug::Span {
             nsid: sqe.nsid(),
             end,
-            granule: ns.granule_blocks,
+            granule,
         })
     }
 
@@ -238,11 +237,11 @@ impl Session {
         let Some(q) = &self.q else {
             return Action::status(Status::COMMAND_SEQUENCE_ERROR);
         };
-        let ctrl = q.ctrl.clone();
-        let share = q.share.clone();
         if q.qid == 0 {
+            let ctrl = q.ctrl.clone();
             return self.admin(&ctrl, sqe, data.as_deref());
         }
+        let ctrl = &q.ctrl;
         if !ctrl.enabled.load(Ordering::Relaxed) {
             return Action::status(Status::COMMAND_SEQUENCE_ERROR);
         }
@@ -256,14 +255,12 @@ impl Session {
             return Action::status(Status::INVALID_NAMESPACE);
         };
         Action::Io(IoCommand {
-            subsys: ctrl.subsys.clone(),
+            q: q.io.clone(),
             ns,
             sqe: *sqe,
             data,
             c2h_len,
             max_transfer: self.max_transfer(),
-            pool: self.pool.clone(),
-            share: Some(share),
         })
     }
 
@@ -392,11 +389,16 @@ impl Session {
         }
         ctrl.touch(&self.t);
         let share = self.t.host_share(&ctrl.hostnqn);
+        let io = Arc::new(IoQueue {
+            subsys: ctrl.subsys.clone(),
+            pool: self.pool.clone(),
+            share,
+        });
         self.q = Some(Bound {
             ctrl,
             qid,
             depth: sqsize + 1,
-            share,
+            io,
         });
         Ok((Status::SUCCESS, d.cntlid as u64))
     }
@@ -435,11 +437,16 @@ impl Session {
         tracing::info!(peer = %self.peer, transport = self.transport.kind.as_str(), host = %d.hostnqn, subsystem = %d.subnqn, cntlid = ctrl.cntlid, "a host connected its admin queue");
         let id = ctrl.cntlid;
         let share = self.t.host_share(&ctrl.hostnqn);
+        let io = Arc::new(IoQueue {
+            subsys: ctrl.subsys.clone(),
+            pool: self.pool.clone(),
+            share,
+        });
         self.q = Some(Bound {
             ctrl,
             qid: 0,
             depth: sqsize + 1,
-            share,
+            io,
         });
         Ok((Status::SUCCESS, id as u64))
     }

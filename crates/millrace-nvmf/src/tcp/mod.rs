@@ -365,10 +365,10 @@ impl Conn {
             ));
         }
         if self.session.is_connected() {
+            // This reader is its one writer: no read-modify-write needed.
             let d = self.session.depth() as u16;
-            let _ = self
-                .sqhd
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| Some((h + 1) % d));
+            let h = self.sqhd.load(Ordering::Relaxed);
+            self.sqhd.store((h + 1) % d, Ordering::Relaxed);
         }
         let cid = sqe.cid();
         if !digest_ok {
