@@ -356,7 +356,12 @@ fn killed_writers(dir: &Path) {
 fn crash_plus_lost_drive_is_refused_unless_forced() {
     let bin = assert_cmd::cargo::cargo_bin("millrace");
     // The kill must land while the write is under way: a fresh pool per try, growing delays.
-    for delay in [200u64, 400, 700, 1000, 1500, 2500] {
+    // The write takes about 0.2 s with the process's start on this 2-core machine (debug
+    // build, drive files on disk), so the ladder starts well inside that and goes on for
+    // slower machines.
+    for delay in [
+        30u64, 60, 90, 120, 150, 200, 300, 400, 700, 1000, 1500, 2500,
+    ] {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path();
         let (ds, _) = setup(dir, 5, "64M");
