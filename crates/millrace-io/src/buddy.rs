@@ -96,14 +96,13 @@ impl Buddy {
             self.free_pages -= 1 << order;
             return Some(p);
         }
-        let from = match (order..=self.max_order).find(|&o| self.heads[o as usize] != NIL) {
+        let from = match self.smallest_list(order) {
             Some(o) => o,
-            None if self.kept.iter().any(|k| !k.is_empty()) => {
+            None => {
                 // Kept blocks may merge into the block asked for.
                 self.merge_kept();
-                (order..=self.max_order).find(|&o| self.heads[o as usize] != NIL)?
+                self.smallest_list(order)?
             }
-            None => return None,
         };
         let p = self.heads[from as usize];
         self.unlink(p);
@@ -114,6 +113,11 @@ impl Buddy {
         }
         self.free_pages -= 1 << order;
         Some(p)
+    }
+
+    /// The smallest order from `order` up whose free list has a block.
+    fn smallest_list(&self, order: u8) -> Option<u8> {
+        (order..=self.max_order).find(|&o| self.heads[o as usize] != NIL)
     }
 
     /// Gives back the block of 2^order pages at `p` (as `alloc` returned it).

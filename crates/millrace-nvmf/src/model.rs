@@ -318,13 +318,10 @@ pub(crate) struct Controllers {
 
 impl Subsystem {
     pub fn ns(&self, nsid: u32) -> Option<Arc<Ns>> {
-        let v = self.namespaces.load();
-        v.binary_search_by_key(&nsid, |n| n.nsid)
-            .ok()
-            .map(|i| v[i].clone())
+        self.with_ns(nsid, Arc::clone)
     }
     /// `f` of namespace `nsid`, without a reference of its own to keep.
-    pub fn with_ns<R>(&self, nsid: u32, f: impl FnOnce(&Ns) -> R) -> Option<R> {
+    pub fn with_ns<R>(&self, nsid: u32, f: impl FnOnce(&Arc<Ns>) -> R) -> Option<R> {
         let v = self.namespaces.load();
         v.binary_search_by_key(&nsid, |n| n.nsid)
             .ok()

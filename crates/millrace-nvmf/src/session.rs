@@ -286,6 +286,22 @@ impl Session {
         }
     }
 
+    /// Binds this queue to `ctrl` as queue `qid` of `depth` entries, with what its I/O
+    /// commands reach: the subsystem, the pool and the host's share.
+    fn bind(&mut self, ctrl: Arc<Controller>, qid: u16, depth: usize) {
+        let io = Arc::new(IoQueue {
+            subsys: ctrl.subsys.clone(),
+            pool: self.pool.clone(),
+            share: self.t.host_share(&ctrl.hostnqn),
+        });
+        self.q = Some(Bound {
+            ctrl,
+            qid,
+            depth,
+            io,
+        });
+    }
+
     /// Fabrics Connect: the only command a fresh queue accepts. Every refusal is counted
     /// (under this queue's transport) and logged with the host, its address and the reason.
     fn connect(&mut self, sqe: &Sqe, data: &[u8]) -> (Status, u64) {
@@ -388,18 +404,7 @@ impl Session {
             q.push(qid);
         }
         ctrl.touch(&self.t);
-        let share = self.t.host_share(&ctrl.hostnqn);
-        let io = Arc::new(IoQueue {
-            subsys: ctrl.subsys.clone(),
-            pool: self.pool.clone(),
-            share,
-        });
-        self.q = Some(Bound {
-            ctrl,
-            qid,
-            depth: sqsize + 1,
-            io,
-        });
+        self.bind(ctrl, qid, sqsize + 1);
         Ok((Status::SUCCESS, d.cntlid as u64))
     }
 
@@ -436,18 +441,7 @@ impl Session {
         ctrl.aen.lock().tx = self.completer.clone();
         tracing::info!(peer = %self.peer, transport = self.transport.kind.as_str(), host = %d.hostnqn, subsystem = %d.subnqn, cntlid = ctrl.cntlid, "a host connected its admin queue");
         let id = ctrl.cntlid;
-        let share = self.t.host_share(&ctrl.hostnqn);
-        let io = Arc::new(IoQueue {
-            subsys: ctrl.subsys.clone(),
-            pool: self.pool.clone(),
-            share,
-        });
-        self.q = Some(Bound {
-            ctrl,
-            qid: 0,
-            depth: sqsize + 1,
-            io,
-        });
+        self.bind(ctrl, 0, sqsize + 1);
         Ok((Status::SUCCESS, id as u64))
     }
 
