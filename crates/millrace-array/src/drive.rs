@@ -43,6 +43,13 @@ pub trait Drive: Send + Sync {
     fn direct(&self) -> bool {
         false
     }
+    /// Where `len` bytes at `offset` already lie in this process's memory, for a reader that
+    /// sends them from there instead of reading them into a buffer (a drive file in memory,
+    /// mapped: `millrace_io::mapped::Mapping::lend`); valid while the drive lives. None, the
+    /// default (a real drive, a wrapper that injects faults): read them.
+    fn lend(&self, _offset: u64, _len: usize) -> Option<std::ptr::NonNull<u8>> {
+        None
+    }
     /// Makes `[offset, offset + len)` read back as zeroes, giving its space back where the drive
     /// can (a hole in a drive file, an unmapped range of an SSD). Durable on the next `flush`.
     /// The default writes zeroes, so wrappers (fault injection) see ordinary writes.
@@ -252,6 +259,9 @@ impl Drive for FileDrive {
     }
     fn direct(&self) -> bool {
         self.direct
+    }
+    fn lend(&self, offset: u64, len: usize) -> Option<std::ptr::NonNull<u8>> {
+        self.mapping.as_ref()?.lend(offset, len)
     }
     /// A drive file gets a hole (`fallocate` PUNCH_HOLE, KEEP_SIZE: its blocks go back to the
     /// filesystem and read as zeroes). On a block device the same call asks the kernel to

@@ -288,6 +288,72 @@ fn a_member_file_truncated_under_its_mapping_fails_the_member_not_the_process() 
     drop(cores);
 }
 
+/// `BlockDevice::lend` on a healthy pool in memory: a range on one member is lent, and its
+/// bytes are the pool's; a range over two members, an unaligned one, or any range once a member
+/// is out of service is not (the read path serves those). A lent buffer keeps its member's
+/// mapping: the bytes stay readable after the member leaves the pool.
+#[test]
+fn healthy_ranges_on_one_member_are_lent_with_the_pools_bytes() {
+    for (level, n) in [(Level::Raid0, 3), (Level::Raid5, 4)] {
+        let Some(rig) = memory_rig(level, n, None, 4096, 16) else {
+            return;
+        };
+        let (pool, cores) = start_cores(1, 8 << 20);
+        let size = rig.array.size_bytes() as usize;
+        let data = pattern(11, size);
+        let write = Op::Write {
+            at: 0.0,
+            len: size,
+            seed: 11,
+            whole: true,
+            fua: false,
+        };
+        run_round(&cores, &pool, &rig.array, &[(write, (0, size))]);
+        let a = rig.array.clone();
+        let lent = cores
+            .spawn_on(0, move || async move {
+                let one = a.lend(3 * 4096, 4096);
+                let two = a.lend(4096, 8192);
+                let odd = a.lend(3 * 4096 + 512, 512);
+                (one, two.is_none() && odd.is_none(), a)
+            })
+            .wait()
+            .unwrap();
+        let (one, refused, a) = lent;
+        let one = one.expect("a healthy range on one member is lent");
+        assert_eq!(&one[..], &data[3 * 4096..4 * 4096]);
+        assert!(
+            refused,
+            "two members or a range of part of a sector: not lent"
+        );
+        assert!(
+            a.lend(0, 4096).is_none(),
+            "off the cores there is no ring: not lent"
+        );
+        if level == Level::Raid0 {
+            continue;
+        }
+        a.fail_member(1, &std::io::Error::other("test"));
+        let b = a.clone();
+        let after = cores
+            .spawn_on(0, move || async move {
+                (0..16).all(|s| b.lend(s * 4096, 4096).is_none())
+            })
+            .wait()
+            .unwrap();
+        assert!(after, "a pool with a member out of service lends nothing");
+        let got = run_round(
+            &cores,
+            &pool,
+            &a,
+            &[(Op::Read { at: 0.0, len: size }, (0, size))],
+        );
+        assert!(got[0].as_deref() == Some(&data[..]), "it still reads back");
+        assert_eq!(&one[..], &data[3 * 4096..4 * 4096], "still mapped");
+        drop(cores);
+    }
+}
+
 /// Concurrent partial writes that together fill every stripe: whatever order they land in,
 /// parity ends right (checked with the independent reference, as a scrub would). On disk, and
 /// in memory, where parity is copied into the files' mappings.

@@ -90,6 +90,16 @@ pub trait BlockDevice: Send + Sync + 'static {
         Ok(())
     }
 
+    /// The `len` bytes at `offset` where they already lie in memory, lent to be sent from
+    /// instead of read into a pool buffer (`IoBuf::lent`: a drive file in memory, mapped). None
+    /// (the default, and wherever the device cannot: a real drive, a degraded array, a range
+    /// over two members, a hole): read them with `read_async`. A lent read counts as a read; a
+    /// layer above the device may hold more in the buffer while it is out (the request's place
+    /// in flight).
+    fn lend(&self, _offset: u64, _len: usize) -> Option<IoBuf> {
+        None
+    }
+
     /// Reads `buf.len()` bytes at `offset` into `buf`.
     fn read_async(&self, offset: u64, mut buf: IoBuf) -> IoFuture<'_, BufResult> {
         Box::pin(async move {

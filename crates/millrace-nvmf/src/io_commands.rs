@@ -35,6 +35,8 @@ pub(crate) struct IoQueue {
     pub pool: BufPool,
     /// The host's share of the pool, which its data buffers count against.
     pub share: Share,
+    /// Reads are answered from the device's own bytes where it lends them (see `read`).
+    pub lend: bool,
 }
 
 /// One admitted I/O command, ready to run in a task of its own.
@@ -188,6 +190,19 @@ impl IoCommand {
         if len as usize != self.c2h_len {
             return Err(Status::DATA_SGL_LENGTH_INVALID);
         }
+        // Bytes the device holds in memory (a member file in RAM) go out from there: no pool
+        // buffer, no share and no copy; the kernel's copy into the socket is the only one.
+        if self.q.lend {
+            if let Some(buf) = self.ns.dev.lend(off, len as usize) {
+                self.count_read(len);
+                let io_ctr = &self.q.subsys.io;
+                io_ctr.lent_reads.fetch_add(1, Ordering::Relaxed);
+                return Ok(IoDone::Read {
+                    data: buf,
+                    held: None,
+                });
+            }
+        }
         let held = Some(self.q.share.take(len as usize).await);
         let buf = self.q.pool.get(len as usize).await.map_err(|e| {
             tracing::warn!("no buffer for a read of {len} bytes: {e}");
@@ -198,10 +213,14 @@ impl IoCommand {
             tracing::warn!("a read of {len} bytes at {off} failed: {e}");
             status_of(&e, true)
         })?;
+        self.count_read(len);
+        Ok(IoDone::Read { data: buf, held })
+    }
+
+    fn count_read(&self, len: u64) {
         let io_ctr = &self.q.subsys.io;
         io_ctr.read_commands.fetch_add(1, Ordering::Relaxed);
         io_ctr.bytes_read.fetch_add(len, Ordering::Relaxed);
-        Ok(IoDone::Read { data: buf, held })
     }
 
     async fn flush(&self) -> Result<IoDone, Status> {

@@ -65,6 +65,8 @@ pub struct Session {
     discovery_only: bool,
     completer: Option<Completer>,
     pool: BufPool,
+    /// Reads may be answered from a device's own bytes (`BlockDevice::lend`).
+    lend: bool,
     q: Option<Bound>,
 }
 
@@ -88,6 +90,7 @@ impl Session {
             discovery_only,
             completer: None,
             pool,
+            lend: false,
             q: None,
         }
     }
@@ -97,6 +100,15 @@ impl Session {
     pub fn with_transport(mut self, transport: TransportInfo, pool: BufPool) -> Session {
         self.transport = transport;
         self.pool = pool;
+        self
+    }
+
+    /// Whether reads may be answered from a device's own bytes where it lends them
+    /// (`BlockDevice::lend`) instead of a pool buffer: a transport that sends them with the
+    /// kernel's copy and no digest over them (a digest computed before the send could then
+    /// disagree with bytes a write changed meanwhile).
+    pub fn with_lent_reads(mut self, on: bool) -> Session {
+        self.lend = on;
         self
     }
 
@@ -293,6 +305,7 @@ impl Session {
             subsys: ctrl.subsys.clone(),
             pool: self.pool.clone(),
             share: self.t.host_share(&ctrl.hostnqn),
+            lend: self.lend,
         });
         self.q = Some(Bound {
             ctrl,

@@ -79,6 +79,22 @@ impl Drop for Pass<'_> {
     }
 }
 
+/// A request inside the gate for as long as the buffer it lent is out (`BlockDevice::lend`):
+/// the reply is sent from the volume's own bytes, so the request has not left until then.
+struct LentPass {
+    gate: Arc<Gate>,
+    inflight: Gauge,
+}
+
+impl Drop for LentPass {
+    fn drop(&mut self) {
+        drop(Pass {
+            gate: &self.gate,
+            inflight: &self.inflight,
+        });
+    }
+}
+
 impl Gate {
     fn watch(&self, inflight: &Gauge) {
         let mut c = self.counts.lock();
@@ -277,6 +293,21 @@ impl BlockDevice for Metered {
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         self.time(Op::WriteZeroes, 0, || self.dev.write_zeroes(offset, len))
+    }
+    fn lend(&self, offset: u64, len: usize) -> Option<IoBuf> {
+        let pass = self.gate.enter(&self.inflight)?;
+        let t0 = Instant::now();
+        let lent = self.dev.lend(offset, len);
+        let Some(buf) = lent else {
+            // Not lent: the read that follows is timed and counted on its own.
+            return None;
+        };
+        self.record(Op::Read, t0, true, len as u64);
+        std::mem::forget(pass);
+        Some(buf.keeping(LentPass {
+            gate: self.gate.clone(),
+            inflight: self.inflight.clone(),
+        }))
     }
     fn read_async(&self, offset: u64, buf: IoBuf) -> IoFuture<'_, BufResult> {
         let Some(pass) = self.gate.enter(&self.inflight) else {

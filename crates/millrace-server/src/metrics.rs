@@ -299,6 +299,13 @@ fn register_exports(reg: &mut Registry, state: &State) {
         refused.get_or_create(&l).inc_by(refused_n);
     }
     register_nvme_rdma(reg, state, &conns, &opened, &refused);
+    let lent: Counter = Counter::default();
+    lent.inc_by(n.lent_reads);
+    reg.register(
+        "millrace_nvme_reads_lent",
+        "NVMe reads sent straight from a member's pages in memory, with no copy into a buffer",
+        lent,
+    );
 }
 
 /// NVMe/RDMA: queues (RDMA connections) of every listener; refusals, by the transport and by

@@ -142,6 +142,13 @@ impl BlockDevice for Volume {
         let at = self.check(offset, len)?;
         self.deallocate(at, len)
     }
+    fn lend(&self, offset: u64, len: usize) -> Option<IoBuf> {
+        let at = self.check(offset, len as u64).ok()?;
+        match self.holes(at, len as u64) {
+            Holes::None => self.dev.lend(at, len),
+            _ => None,
+        }
+    }
     fn read_async(&self, offset: u64, buf: IoBuf) -> IoFuture<'_, BufResult> {
         let at = match self.check(offset, buf.len() as u64) {
             Ok(at) => at,

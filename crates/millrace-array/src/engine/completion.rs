@@ -59,6 +59,34 @@ impl Array {
         (r.map_err(Into::into), buf)
     }
 
+    /// `BlockDevice::lend`: a healthy pool's range on one member whose bytes are in memory,
+    /// lent with that member (which keeps its mapping) for as long as the buffer lives. The
+    /// same conditions as a read on the ring, which takes no lock either.
+    pub(super) fn lend_read(&self, offset: u64, len: usize) -> Option<IoBuf> {
+        if len == 0 || self.check_range(offset, len as u64).is_err() {
+            return None;
+        }
+        let drives = self.ring_drives(offset, len)?;
+        let pieces = self.pieces(offset, len);
+        let [p] = pieces.as_slice() else {
+            return None;
+        };
+        let Ok(ReadFrom::Member(m)) = self.layout.read_from(self, p) else {
+            return None;
+        };
+        let drive = &drives[m];
+        let at = drive.lend(self.member_offset(p.row, p.s), len)?;
+        self.stats.read_ops.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .read_bytes
+            .fetch_add(len as u64, Ordering::Relaxed);
+        let ms = &self.member_stats[m];
+        ms.read_ops.fetch_add(1, Ordering::Relaxed);
+        ms.read_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        // SAFETY: the drive maps these bytes for as long as it lives, and the buffer keeps it.
+        Some(unsafe { IoBuf::lent(at, len, Box::new(drive.clone())) })
+    }
+
     /// Reads every piece straight into the buffer. Returns whether all went well.
     async fn read_on_ring(&self, drives: &Drives, offset: u64, sb: &SharedBuf) -> bool {
         let pieces = self.pieces(offset, sb.len());

@@ -199,6 +199,31 @@ impl Drop for Watch {
 }
 
 impl Mapping {
+    /// Where `len` bytes at `offset` of the file lie in the mapping, for a caller that sends
+    /// them from there instead of copying them out (`IoBuf::lent`); valid while the mapping
+    /// lives. None where a copy must be made: the mapping is broken, the range lies past it or
+    /// may hold a hole (reading a hole through the mapping would allocate its page). A fault
+    /// while the kernel reads them (the file shrank under us) fails that system call with
+    /// EFAULT: no signal is raised for a fault in the kernel's copy.
+    pub fn lend(&self, offset: u64, len: usize) -> Option<std::ptr::NonNull<u8>> {
+        let w = self.watch.as_ref()?;
+        let start = usize::try_from(offset).ok()?;
+        if w.broken() || start.checked_add(len)? > self.len {
+            return None;
+        }
+        let f = TABLE[w.slot].filled.load(Ordering::Acquire);
+        // SAFETY: set in `map` and freed only in this mapping's drop.
+        let known = unsafe { f.as_ref() }?;
+        if !known.all_known(offset, len) {
+            // As a copy's read: a look at the pages, once per chunk until a write touches it.
+            let page = HANDLER.get().and_then(|h| h.as_ref()).map_or(0, |h| h.page);
+            if !known.check(self.base, page, offset, len) {
+                return None;
+            }
+        }
+        std::ptr::NonNull::new((self.base + start) as *mut u8)
+    }
+
     /// Call before punching a hole in `offset..offset+len` of the file: reads there go by
     /// pread until it is known filled again. (A read through the mapping racing with the punch
     /// can still allocate a page of the hole: memory, never wrong data, since a hole reads as
@@ -570,6 +595,51 @@ mod tests {
         drop(m);
         let n = unsafe { copy(f.as_raw_fd(), 0, buf.as_mut_ptr(), 4096, Access::Read) };
         assert_eq!(n, None, "an unmapped descriptor is not copied");
+    }
+
+    #[test]
+    fn lent_bytes_are_the_files_and_holes_are_not_lent() {
+        let Some(f) = shm_file(64 * 1024) else { return };
+        let m = map(f.as_raw_fd(), 64 * 1024, None).expect("a tmpfs file maps");
+        let p = m.lend(8192, 4096).expect("a filled range is lent");
+        // SAFETY: the mapping lives until the end of the test.
+        let lent = unsafe { std::slice::from_raw_parts(p.as_ptr(), 4096) }.to_vec();
+        let want: Vec<u8> = (8192..8192 + 4096).map(|i| (i * 7 % 251) as u8).collect();
+        assert_eq!(lent, want);
+        let mut w = vec![0x5Au8; 4096];
+        let n = unsafe { copy(f.as_raw_fd(), 8192, w.as_mut_ptr(), 4096, Access::Write) };
+        assert_eq!(n, Some(4096));
+        // SAFETY: as above.
+        let now = unsafe { std::slice::from_raw_parts(p.as_ptr(), 4096) };
+        assert_eq!(now, &w[..], "lent bytes are the file's, not a copy");
+        assert!(m.lend(62 * 1024, 4096).is_none(), "past the mapping");
+        assert!(
+            m.lend(u64::MAX - 10, 4096).is_none(),
+            "an offset that overflows"
+        );
+        drop(m);
+
+        // A sparse file: nothing is lent until a write through the mapping fills the chunk.
+        let Ok(f) = tempfile::tempfile_in("/dev/shm") else {
+            return;
+        };
+        f.set_len(1 << 20).unwrap();
+        let m = map(f.as_raw_fd(), 1 << 20, None).expect("a tmpfs file maps");
+        assert!(m.lend(0, 4096).is_none(), "a range that holds a hole");
+        let mut w = vec![0x11u8; 1 << 20];
+        let n = unsafe {
+            copy(
+                f.as_raw_fd(),
+                0,
+                w.as_mut_ptr(),
+                1 << 20,
+                Access::WriteRepaired,
+            )
+        };
+        assert_eq!(n, Some(1 << 20));
+        let p = m.lend(4096, 4096).expect("written whole, so filled");
+        // SAFETY: the mapping lives on.
+        assert_eq!(unsafe { *p.as_ptr() }, 0x11);
     }
 
     #[test]

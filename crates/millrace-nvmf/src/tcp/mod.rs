@@ -138,8 +138,9 @@ pub(crate) async fn serve_connection(
     };
     let reply = Outbox::open(t.clone());
     let writer = tokio::spawn(reply.writer(wr, fmt, sqhd.clone()));
-    let session =
-        Session::new(t.clone(), peer, local, discovery_only).with_completer(completer(&reply));
+    let session = Session::new(t.clone(), peer, local, discovery_only)
+        .with_completer(completer(&reply))
+        .with_lent_reads(!ddgst && lent_reads());
     let mut c = Conn {
         t: t.clone(),
         peer,
@@ -170,6 +171,14 @@ pub(crate) async fn serve_connection(
 
 /// The connection's first PDU, which must be an ICReq before the handshake deadline; a PDU
 /// refused is answered with a C2HTermReq, and None closes the connection.
+/// Whether reads may go out from a device's own bytes (`Session::with_lent_reads`): on unless
+/// `MILLRACE_LEND_READS=0`, which makes every read copy into a pool buffer first (to measure
+/// what lending saves, or to rule it out).
+fn lent_reads() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MILLRACE_LEND_READS").map_or(true, |v| v != "0"))
+}
+
 async fn ic_req(
     t: &Inner,
     rd: &mut Inbound<OwnedReadHalf>,

@@ -1,0 +1,149 @@
+//! Reads answered from a device's own bytes (`BlockDevice::lend`) over NVMe/TCP, against the
+//! crate's own initiator: the host gets exactly the bytes written, every lent buffer is given
+//! back once sent, and a connection with a data digest is never answered from lent bytes.
+
+use millrace_block::{check_range, BlockDevice, IoBuf};
+use millrace_nvmf::initiator::{HostController, HostOptions};
+use millrace_nvmf::{Namespace, SubsystemConfig, Target, TargetConfig};
+use std::cell::UnsafeCell;
+use std::io;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const NQN: &str = "nqn.2024-01.io.millrace:lent";
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000ab";
+const SIZE: usize = 8 << 20;
+
+/// Bytes at a fixed place for the device's life, as a mapped drive file's are.
+struct Mem(UnsafeCell<Box<[u8]>>);
+
+// SAFETY: the tests write and read disjoint ranges, or one after the other.
+unsafe impl Sync for Mem {}
+
+impl Mem {
+    fn at(&self, offset: u64) -> *mut u8 {
+        // SAFETY: callers check the range first.
+        unsafe { (*self.0.get()).as_mut_ptr().add(offset as usize) }
+    }
+}
+
+/// A device that lends every range it is asked for (except where told not to), and counts.
+struct Lending {
+    mem: Arc<Mem>,
+    lends: AtomicUsize,
+}
+
+impl BlockDevice for Lending {
+    fn size_bytes(&self) -> u64 {
+        SIZE as u64
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        check_range(SIZE as u64, offset, buf.len() as u64)?;
+        // SAFETY: in range; see `Mem`.
+        unsafe { std::ptr::copy_nonoverlapping(self.mem.at(offset), buf.as_mut_ptr(), buf.len()) };
+        Ok(())
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        check_range(SIZE as u64, offset, data.len() as u64)?;
+        // SAFETY: in range; see `Mem`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.mem.at(offset), data.len()) };
+        Ok(())
+    }
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn lend(&self, offset: u64, len: usize) -> Option<IoBuf> {
+        check_range(SIZE as u64, offset, len as u64).ok()?;
+        self.lends.fetch_add(1, Ordering::Relaxed);
+        let p = NonNull::new(self.mem.at(offset))?;
+        // SAFETY: the bytes live as long as `Mem`, which the buffer keeps.
+        Some(unsafe { IoBuf::lent(p, len, Box::new(self.mem.clone())) })
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2654435761).rotate_left(seed as u32) as u8 ^ seed)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reads_from_lent_bytes_are_the_bytes_written_and_digests_turn_lending_off() {
+    let t = Target::new(TargetConfig::default());
+    let mem = Arc::new(Mem(UnsafeCell::new(vec![0u8; SIZE].into_boxed_slice())));
+    let dev = Arc::new(Lending {
+        mem: mem.clone(),
+        lends: AtomicUsize::new(0),
+    });
+    t.add_subsystem(SubsystemConfig {
+        nqn: NQN.into(),
+        serial: "MR-LENT".into(),
+        model: "Millrace test".into(),
+        namespaces: vec![Namespace {
+            nsid: 1,
+            dev: dev.clone(),
+            uuid: [0x31; 16],
+            nguid: [0x32; 16],
+        }],
+        allowed_hosts: vec![HOST.into()],
+        allow_any_host: false,
+    })
+    .unwrap();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let t2 = t.clone();
+    tokio::spawn(async move { t2.serve(l).await });
+
+    for ddgst in [false, true] {
+        let o = HostOptions {
+            hostnqn: HOST.into(),
+            ddgst,
+            ..Default::default()
+        };
+        let before = dev.lends.load(Ordering::Relaxed);
+        let c = HostController::connect(addr, NQN, &o, 2).await.unwrap();
+        let mut tasks = Vec::new();
+        for (i, q) in c.io.iter().enumerate() {
+            let q = q.clone();
+            tasks.push(tokio::spawn(async move {
+                // 4K and 128K reads, 16 at once per queue, each of what was just written.
+                let mut inner = Vec::new();
+                for j in 0..16u64 {
+                    let q = q.clone();
+                    inner.push(tokio::spawn(async move {
+                        let len = if j % 2 == 0 { 4096 } else { 128 << 10 };
+                        let d = pattern(len, (i * 16 + j as usize) as u8 ^ ddgst as u8);
+                        let lba = (i as u64 * 16 + j) * 32;
+                        q.write(1, lba, d.clone(), 4096).await.unwrap();
+                        let back = q.read(1, lba, (len / 4096) as u32, 4096).await.unwrap();
+                        assert_eq!(back, d, "a read gives back the bytes written");
+                    }));
+                }
+                for h in inner {
+                    h.await.unwrap();
+                }
+            }));
+        }
+        for h in tasks {
+            h.await.unwrap();
+        }
+        let lent = dev.lends.load(Ordering::Relaxed) - before;
+        if ddgst {
+            assert_eq!(
+                lent, 0,
+                "no read of a connection with a data digest is lent"
+            );
+        } else {
+            assert_eq!(lent, 32, "every read of this connection is lent");
+        }
+        drop(c);
+    }
+    // Every lent buffer went back once sent: only the device holds its bytes.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while Arc::strong_count(&mem) > 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(Arc::strong_count(&mem), 2, "the test's and the device's");
+}
