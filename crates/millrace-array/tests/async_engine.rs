@@ -288,12 +288,12 @@ fn a_member_file_truncated_under_its_mapping_fails_the_member_not_the_process() 
     drop(cores);
 }
 
-/// `BlockDevice::lend` on a healthy pool in memory: a range on one member is lent, and its
-/// bytes are the pool's; a range over two members, an unaligned one, or any range once a member
-/// is out of service is not (the read path serves those). A lent buffer keeps its member's
-/// mapping: the bytes stay readable after the member leaves the pool.
+/// `BlockDevice::lend` on a healthy pool in memory: a range is lent piece by piece, one per
+/// member strip it covers, and the pieces hold the pool's bytes in order; a range of part of a
+/// sector, or any range once a member is out of service, is not (the read path serves those).
+/// A lent piece keeps its member's mapping: the bytes stay readable after the member leaves.
 #[test]
-fn healthy_ranges_on_one_member_are_lent_with_the_pools_bytes() {
+fn healthy_ranges_are_lent_piece_by_piece_with_the_pools_bytes() {
     for (level, n) in [(Level::Raid0, 3), (Level::Raid5, 4)] {
         let Some(rig) = memory_rig(level, n, None, 4096, 16) else {
             return;
@@ -315,17 +315,21 @@ fn healthy_ranges_on_one_member_are_lent_with_the_pools_bytes() {
                 let one = a.lend(3 * 4096, 4096);
                 let two = a.lend(4096, 8192);
                 let odd = a.lend(3 * 4096 + 512, 512);
-                (one, two.is_none() && odd.is_none(), a)
+                (one, two, odd.is_none(), a)
             })
             .wait()
             .unwrap();
-        let (one, refused, a) = lent;
+        let (one, two, refused, a) = lent;
         let one = one.expect("a healthy range on one member is lent");
-        assert_eq!(&one[..], &data[3 * 4096..4 * 4096]);
-        assert!(
-            refused,
-            "two members or a range of part of a sector: not lent"
-        );
+        assert_eq!(one.len(), 1);
+        assert_eq!(&one[0][..], &data[3 * 4096..4 * 4096]);
+        let two = two.expect("a healthy range over two members is lent");
+        let lens: Vec<usize> = two.iter().map(|b| b.len()).collect();
+        assert_eq!(lens, [4096, 4096], "one piece per strip");
+        assert!(two.iter().all(|b| b.is_lent()));
+        let joined: Vec<u8> = two.iter().flat_map(|b| b.iter().copied()).collect();
+        assert_eq!(joined, &data[4096..3 * 4096]);
+        assert!(refused, "part of a sector: not lent");
         assert!(
             a.lend(0, 4096).is_none(),
             "off the cores there is no ring: not lent"
@@ -349,7 +353,7 @@ fn healthy_ranges_on_one_member_are_lent_with_the_pools_bytes() {
             &[(Op::Read { at: 0.0, len: size }, (0, size))],
         );
         assert!(got[0].as_deref() == Some(&data[..]), "it still reads back");
-        assert_eq!(&one[..], &data[3 * 4096..4 * 4096], "still mapped");
+        assert_eq!(&one[0][..], &data[3 * 4096..4 * 4096], "still mapped");
         drop(cores);
     }
 }

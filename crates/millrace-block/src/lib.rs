@@ -10,7 +10,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::RwLock;
 
-pub use millrace_io::IoBuf;
+pub use millrace_io::{IoBuf, Lent};
 
 /// The future of an async device call: boxed, so exports keep `Arc<dyn BlockDevice>`.
 pub type IoFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -91,12 +91,12 @@ pub trait BlockDevice: Send + Sync + 'static {
     }
 
     /// The `len` bytes at `offset` where they already lie in memory, lent to be sent from
-    /// instead of read into a pool buffer (`IoBuf::lent`: a drive file in memory, mapped). None
-    /// (the default, and wherever the device cannot: a real drive, a degraded array, a range
-    /// over two members, a hole): read them with `read_async`. A lent read counts as a read; a
-    /// layer above the device may hold more in the buffer while it is out (the request's place
-    /// in flight).
-    fn lend(&self, _offset: u64, _len: usize) -> Option<IoBuf> {
+    /// instead of read into a pool buffer (`IoBuf::lent`: drive files in memory, mapped), in
+    /// order, one buffer per place they lie in. None (the default, and wherever the device
+    /// cannot: a real drive, a degraded array, a hole): read them with `read_async`. A lent
+    /// read counts as a read; a layer above the device may hold more in the buffers while they
+    /// are out (the request's place in flight).
+    fn lend(&self, _offset: u64, _len: usize) -> Option<Lent> {
         None
     }
 

@@ -28,6 +28,19 @@ pub(crate) enum Home {
     Lent(#[allow(dead_code)] Box<dyn Send + Sync>),
 }
 
+/// A range's bytes as a device lends them (`IoBuf::lent`), in order: one buffer per place they
+/// lie in (a piece of the range on each member it covers), their lengths summing to the
+/// range's.
+pub type Lent = smallvec::SmallVec<[IoBuf; 1]>;
+
+/// Whether the exports send reads from a device's lent bytes where it offers them (see
+/// `IoBuf::lent`): on, unless `MILLRACE_LEND_READS=0`, which makes every read copy into a pool
+/// buffer first (to measure what lending saves, or to rule it out).
+pub fn lend_reads() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MILLRACE_LEND_READS").map_or(true, |v| v != "0"))
+}
+
 /// An owned I/O buffer: Send, derefs to `[u8]` of its current length, which may be set to
 /// anything up to its capacity. Ownership moves into a device call and comes back with its
 /// result, so a dropped future never leaves the kernel writing into memory someone else owns.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use millrace_block::BlockDevice;
-use millrace_io::IoBuf;
+use millrace_io::{IoBuf, Lent};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{watch, Mutex};
 use tracing::{debug, info, warn};
@@ -241,7 +241,9 @@ async fn change(dev: &dyn BlockDevice, req: &Request, buf: Option<IoBuf>) -> Res
     Ok(())
 }
 
-/// A read: the device fills the pool buffer, which is sent behind its header as it is.
+/// A read: sent behind its header from the device's own bytes where it lends them (drive
+/// files in memory: no copy but the kernel's into the socket), else from the pool buffer the
+/// device fills.
 async fn read<W: AsyncWrite + Unpin>(
     sh: &Shared<W>,
     dev: &dyn BlockDevice,
@@ -249,11 +251,26 @@ async fn read<W: AsyncWrite + Unpin>(
     buf: IoBuf,
 ) {
     let (off, len) = (req.offset, req.len);
-    let (res, buf) = dev.read_async(off, buf).await;
-    if let Err(e) = res {
-        drop(buf);
-        return fail(sh, &req, "read", e).await;
-    }
+    let lent = match millrace_io::lend_reads() {
+        true => dev.lend(off, len as usize),
+        false => None,
+    };
+    let data = match lent {
+        Some(lent) => {
+            drop(buf);
+            lent
+        }
+        None => {
+            let (res, buf) = dev.read_async(off, buf).await;
+            if let Err(e) = res {
+                drop(buf);
+                return fail(sh, &req, "read", e).await;
+            }
+            let mut one = Lent::new();
+            one.push(buf);
+            one
+        }
+    };
     for c in counters(sh) {
         Counters::add(&c.reads, 1);
         Counters::add(&c.bytes_read, len as u64);
@@ -277,7 +294,8 @@ async fn read<W: AsyncWrite + Unpin>(
         head[STRUCTURED_HEADER_LEN..].copy_from_slice(&off.to_be_bytes());
         &head[..]
     };
-    let _ = send(sh, head, &buf).await;
+    let parts: smallvec::SmallVec<[&[u8]; 4]> = data.iter().map(|b| &b[..]).collect();
+    let _ = send_parts(sh, head, &parts).await;
 }
 
 /// Answers NBD_CMD_BLOCK_STATUS for `base:allocation` from the device's allocation map (in
@@ -329,14 +347,26 @@ pub(crate) async fn send<W: AsyncWrite + Unpin>(
     head: &[u8],
     data: &[u8],
 ) -> io::Result<()> {
+    send_parts(sh, head, &[data]).await
+}
+
+/// `send` of data in pieces (a read lent by the device piece by piece), in order.
+async fn send_parts<W: AsyncWrite + Unpin>(
+    sh: &Shared<W>,
+    head: &[u8],
+    data: &[&[u8]],
+) -> io::Result<()> {
     let closing = || io::Error::new(io::ErrorKind::BrokenPipe, "the connection is closing");
     if *sh.broken.borrow() {
         return Err(closing());
     }
-    if sh.corked.get() && head.len() + data.len() <= BATCH_REPLY_MAX {
+    let total = head.len() + data.iter().map(|d| d.len()).sum::<usize>();
+    if sh.corked.get() && total <= BATCH_REPLY_MAX {
         let mut b = sh.batch.borrow_mut();
         b.extend_from_slice(head);
-        b.extend_from_slice(data);
+        for d in data {
+            b.extend_from_slice(d);
+        }
         return Ok(());
     }
     let mut w = sh.w.lock().await;
@@ -374,15 +404,15 @@ async fn write_timed<W: AsyncWrite + Unpin>(
     sh: &Shared<W>,
     w: &mut W,
     head: &[u8],
-    data: &[u8],
+    data: &[&[u8]],
 ) -> io::Result<()> {
-    let r = match tokio::time::timeout(sh.timeout, write_two(w, head, data)).await {
+    let r = match tokio::time::timeout(sh.timeout, write_parts(w, head, data)).await {
         Ok(r) => r,
         Err(_) => Err(io::Error::new(
             io::ErrorKind::TimedOut,
             format!(
                 "the client did not take a reply of {} bytes within {} s",
-                head.len() + data.len(),
+                head.len() + data.iter().map(|d| d.len()).sum::<usize>(),
                 sh.timeout.as_secs_f64()
             ),
         )),
@@ -398,25 +428,43 @@ async fn write_timed<W: AsyncWrite + Unpin>(
     r
 }
 
-/// Writes `a` then `b` with as few syscalls as the socket allows: vectored while both have
-/// bytes left. (tokio has no write_all_vectored.)
-async fn write_two<W: AsyncWrite + Unpin>(w: &mut W, a: &[u8], b: &[u8]) -> io::Result<()> {
-    let (mut i, mut j) = (0, 0);
-    while i < a.len() || j < b.len() {
-        let n = if i < a.len() && j < b.len() {
-            w.write_vectored(&[IoSlice::new(&a[i..]), IoSlice::new(&b[j..])])
-                .await?
-        } else if i < a.len() {
-            w.write(&a[i..]).await?
+/// Writes `head` then each of `data` with as few system calls as the socket allows: one
+/// vectored write of all that is left each time. (tokio has no write_all_vectored.)
+async fn write_parts<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    head: &[u8],
+    data: &[&[u8]],
+) -> io::Result<()> {
+    let mut left: smallvec::SmallVec<[&[u8]; 5]> = std::iter::once(head)
+        .chain(data.iter().copied())
+        .filter(|p| !p.is_empty())
+        .collect();
+    let mut i = 0;
+    while i < left.len() {
+        // The kernel takes at most 1024 slices a call.
+        let iov: smallvec::SmallVec<[IoSlice; 5]> = left[i..]
+            .iter()
+            .take(1024)
+            .map(|p| IoSlice::new(p))
+            .collect();
+        let mut n = if iov.len() == 1 {
+            w.write(left[i]).await?
         } else {
-            w.write(&b[j..]).await?
+            w.write_vectored(&iov).await?
         };
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
-        let from_a = n.min(a.len() - i);
-        i += from_a;
-        j += n - from_a;
+        while n > 0 {
+            let l = left[i].len();
+            if n >= l {
+                n -= l;
+                i += 1;
+            } else {
+                left[i] = &left[i][n..];
+                n = 0;
+            }
+        }
     }
     w.flush().await
 }

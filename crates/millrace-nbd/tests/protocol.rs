@@ -146,6 +146,31 @@ async fn unix_round_trip_with_structured_replies() {
     assert_eq!(c.read(0, 10).await.unwrap().len(), 10);
 }
 
+/// Reads a device lends in pieces (more than one vectored write takes, for the 3 MiB read)
+/// arrive whole and in order, in simple replies over TCP and structured ones over a Unix socket.
+#[tokio::test]
+async fn lent_reads_in_pieces_arrive_whole_in_simple_and_structured_replies() {
+    let dir = tempfile::tempdir().unwrap();
+    for structured in [false, true] {
+        let server = NbdServer::new();
+        let dev = TestDev::new(8 * MIB);
+        dev.lend_piece.store(3000, Ordering::SeqCst);
+        server
+            .add_export(export("vol", dev.clone(), &["127.0.0.1/32"]))
+            .unwrap();
+        if structured {
+            let path = unix_server(&server, dir.path());
+            let s = UnixStream::connect(&path).await.unwrap();
+            round_trips(Client::go(s, "vol", true).await.unwrap(), &dev).await;
+        } else {
+            let s = TcpStream::connect(tcp_server(&server).await).await.unwrap();
+            round_trips(Client::go(s, "vol", false).await.unwrap(), &dev).await;
+        }
+        let lends = dev.lends.load(Ordering::SeqCst);
+        assert!(lends >= 8, "the reads were lent ({lends})");
+    }
+}
+
 #[tokio::test]
 async fn export_name_and_list_and_default_export() {
     let dir = tempfile::tempdir().unwrap();

@@ -5,7 +5,7 @@
 use crate::cmd::Cqe;
 use crate::pdu::{self, DataHdr, Head};
 use millrace_io::share::Held;
-use millrace_io::IoBuf;
+use millrace_io::{IoBuf, Lent};
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
 
@@ -74,13 +74,14 @@ impl Gather {
         }
     }
 
-    /// C2HData PDUs carrying `data` (headers and digests here, the data itself by reference),
-    /// then the response capsule.
-    pub(crate) fn push_data(&mut self, cqe: &Cqe, data: IoBuf, f: &Fmt) {
-        let i = self.bufs.len();
-        let len = data.len();
+    /// C2HData PDUs carrying `data` (headers and digests here, the data itself by reference,
+    /// a PDU's data over as many of the pieces as it spans), then the response capsule.
+    pub(crate) fn push_data(&mut self, cqe: &Cqe, data: Lent, f: &Fmt) {
+        let len: usize = data.iter().map(|b| b.len()).sum();
+        // Where the next PDU's data starts: a buffer of the batch and an offset in it.
+        let (mut seg, mut at) = (self.bufs.len(), 0);
         self.data += len;
-        self.bufs.push(data);
+        self.bufs.extend(data);
         let mut off = 0;
         while off < len {
             let n = (len - off).min(MAX_C2H_PDU);
@@ -92,21 +93,32 @@ impl Gather {
                 last: off + n == len,
                 success: false,
             };
-            let chunk = &self.bufs[i][off..off + n];
-            let dg = f.ddgst.then(|| pdu::digest(chunk).to_le_bytes());
             let start = self.bytes.len();
-            pdu::encode_head_into(
+            pdu::encode_head_len_into(
                 &mut self.bytes,
                 &Head::C2HData(h),
-                chunk,
+                n,
                 f.hdgst,
                 f.ddgst,
                 f.align,
             );
             self.queued_from(start);
-            self.parts.push(Part::Buf(i, off, off + n));
-            if let Some(d) = dg {
-                self.push_bytes(&d);
+            let (mut left, mut crc) = (n, 0u32);
+            while left > 0 {
+                let avail = self.bufs[seg].len() - at;
+                if avail == 0 {
+                    (seg, at) = (seg + 1, 0);
+                    continue;
+                }
+                let k = avail.min(left);
+                if f.ddgst {
+                    crc = crc32c::crc32c_append(crc, &self.bufs[seg][at..at + k]);
+                }
+                self.parts.push(Part::Buf(seg, at, at + k));
+                (at, left) = (at + k, left - k);
+            }
+            if f.ddgst {
+                self.push_bytes(&crc.to_le_bytes());
             }
             off += n;
         }
@@ -180,6 +192,24 @@ mod tests {
             .collect()
     }
 
+    /// `data` as a device may lend it: in one piece, or in up to three of uneven lengths (one
+    /// may be empty), so that PDUs and their digests span pieces.
+    fn pieces(data: &[u8], cid: u16) -> Lent {
+        let cuts = match cid % 3 {
+            0 => vec![],
+            1 => vec![data.len() / 3],
+            _ => vec![0, data.len() / 2 + 5],
+        };
+        let mut out = Lent::new();
+        let mut from = 0;
+        for c in cuts.into_iter().chain([data.len()]) {
+            let c = c.min(data.len());
+            out.push(IoBuf::from_slice(&data[from..c]));
+            from = c;
+        }
+        out
+    }
+
     /// More replies than one vectored write passes, and more bytes than the socket takes at
     /// once: every reply arrives whole and in order, its data and digests intact.
     #[tokio::test]
@@ -200,7 +230,7 @@ mod tests {
             let mut sent_at = Vec::new();
             for cid in 0..n {
                 let cqe = Cqe::new(cid, Status::SUCCESS, 0);
-                g.push_data(&cqe, IoBuf::from_slice(&pattern(cid, size(cid))), &f);
+                g.push_data(&cqe, pieces(&pattern(cid, size(cid)), cid), &f);
                 g.push_head(&Head::Resp(cqe), &f);
                 if g.is_big() {
                     sent_at.push(cid);
@@ -262,7 +292,7 @@ mod tests {
         for cid in 0..(DATA_MAX / each) as u16 {
             assert!(!g.is_big(), "{cid} reads of 2 MiB");
             let cqe = Cqe::new(cid, Status::SUCCESS, 0);
-            g.push_data(&cqe, IoBuf::from_slice(&vec![0; each]), &f);
+            g.push_data(&cqe, pieces(&vec![0; each], 0), &f);
             g.push_head(&Head::Resp(cqe), &f);
         }
         assert!(g.parts.len() < IOV_MAX && g.bytes.len() < 64 * 1024);

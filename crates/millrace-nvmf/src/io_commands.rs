@@ -11,7 +11,7 @@ use crate::cmd::{self, io, Sqe, Status};
 use crate::model::{Ns, Subsystem};
 use millrace_block::BlockDevice;
 use millrace_io::share::{Held, Share};
-use millrace_io::{BufPool, IoBuf};
+use millrace_io::{BufPool, IoBuf, Lent};
 use std::io::Result as IoResult;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -19,10 +19,11 @@ use std::sync::Arc;
 /// How an I/O command ended.
 pub enum IoDone {
     Status(Status),
-    /// Success with data for the host, in a buffer of the pool, and the bytes of the host's
-    /// share it holds (keep them until the buffer is dropped).
+    /// Success with data for the host: in a buffer of the pool, with the bytes of the host's
+    /// share it holds (keep them until the buffer is dropped); or in the device's own bytes,
+    /// lent piece by piece (`BlockDevice::lend`), holding no share.
     Read {
-        data: IoBuf,
+        data: Lent,
         held: Option<Held>,
     },
 }
@@ -193,14 +194,11 @@ impl IoCommand {
         // Bytes the device holds in memory (a member file in RAM) go out from there: no pool
         // buffer, no share and no copy; the kernel's copy into the socket is the only one.
         if self.q.lend {
-            if let Some(buf) = self.ns.dev.lend(off, len as usize) {
+            if let Some(data) = self.ns.dev.lend(off, len as usize) {
                 self.count_read(len);
                 let io_ctr = &self.q.subsys.io;
                 io_ctr.lent_reads.fetch_add(1, Ordering::Relaxed);
-                return Ok(IoDone::Read {
-                    data: buf,
-                    held: None,
-                });
+                return Ok(IoDone::Read { data, held: None });
             }
         }
         let held = Some(self.q.share.take(len as usize).await);
@@ -214,7 +212,9 @@ impl IoCommand {
             status_of(&e, true)
         })?;
         self.count_read(len);
-        Ok(IoDone::Read { data: buf, held })
+        let mut data = Lent::new();
+        data.push(buf);
+        Ok(IoDone::Read { data, held })
     }
 
     fn count_read(&self, len: u64) {

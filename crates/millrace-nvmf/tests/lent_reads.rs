@@ -2,7 +2,7 @@
 //! crate's own initiator: the host gets exactly the bytes written, every lent buffer is given
 //! back once sent, and a connection with a data digest is never answered from lent bytes.
 
-use millrace_block::{check_range, BlockDevice, IoBuf};
+use millrace_block::{check_range, BlockDevice, IoBuf, Lent};
 use millrace_nvmf::initiator::{HostController, HostOptions};
 use millrace_nvmf::{Namespace, SubsystemConfig, Target, TargetConfig};
 use std::cell::UnsafeCell;
@@ -54,12 +54,20 @@ impl BlockDevice for Lending {
     fn flush(&self) -> io::Result<()> {
         Ok(())
     }
-    fn lend(&self, offset: u64, len: usize) -> Option<IoBuf> {
+    /// In pieces of 12 KiB, as an array lends a range over several members' strips.
+    fn lend(&self, offset: u64, len: usize) -> Option<Lent> {
         check_range(SIZE as u64, offset, len as u64).ok()?;
         self.lends.fetch_add(1, Ordering::Relaxed);
-        let p = NonNull::new(self.mem.at(offset))?;
-        // SAFETY: the bytes live as long as `Mem`, which the buffer keeps.
-        Some(unsafe { IoBuf::lent(p, len, Box::new(self.mem.clone())) })
+        let mut lent = Lent::new();
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(12 << 10);
+            let p = NonNull::new(self.mem.at(offset + at as u64))?;
+            // SAFETY: the bytes live as long as `Mem`, which the buffer keeps.
+            lent.push(unsafe { IoBuf::lent(p, n, Box::new(self.mem.clone())) });
+            at += n;
+        }
+        Some(lent)
     }
 }
 
@@ -140,7 +148,7 @@ async fn reads_from_lent_bytes_are_the_bytes_written_and_digests_turn_lending_of
         }
         drop(c);
     }
-    // Every lent buffer went back once sent: only the device holds its bytes.
+    // Every lent piece went back once sent: only the device holds its bytes.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while Arc::strong_count(&mem) > 2 && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use millrace_block::{BlockDevice, BufResult, Extent, IoBuf, IoFuture};
+use millrace_block::{BlockDevice, BufResult, Extent, IoBuf, IoFuture, Lent};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -294,20 +294,20 @@ impl BlockDevice for Metered {
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         self.time(Op::WriteZeroes, 0, || self.dev.write_zeroes(offset, len))
     }
-    fn lend(&self, offset: u64, len: usize) -> Option<IoBuf> {
+    fn lend(&self, offset: u64, len: usize) -> Option<Lent> {
         let pass = self.gate.enter(&self.inflight)?;
         let t0 = Instant::now();
-        let lent = self.dev.lend(offset, len);
-        let Some(buf) = lent else {
-            // Not lent: the read that follows is timed and counted on its own.
-            return None;
-        };
+        // Not lent: the read that follows is timed and counted on its own.
+        let mut lent = self.dev.lend(offset, len)?;
+        let last = lent.pop()?;
         self.record(Op::Read, t0, true, len as u64);
         std::mem::forget(pass);
-        Some(buf.keeping(LentPass {
+        // The pieces are sent in order and given back together; the last one holds the pass.
+        lent.push(last.keeping(LentPass {
             gate: self.gate.clone(),
             inflight: self.inflight.clone(),
-        }))
+        }));
+        Some(lent)
     }
     fn read_async(&self, offset: u64, buf: IoBuf) -> IoFuture<'_, BufResult> {
         let Some(pass) = self.gate.enter(&self.inflight) else {

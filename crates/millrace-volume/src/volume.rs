@@ -142,7 +142,7 @@ impl BlockDevice for Volume {
         let at = self.check(offset, len)?;
         self.deallocate(at, len)
     }
-    fn lend(&self, offset: u64, len: usize) -> Option<IoBuf> {
+    fn lend(&self, offset: u64, len: usize) -> Option<millrace_block::Lent> {
         let at = self.check(offset, len as u64).ok()?;
         match self.holes(at, len as u64) {
             Holes::None => self.dev.lend(at, len),

@@ -18,10 +18,11 @@
 //! own holds across an await.
 
 use std::io;
+use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use millrace_block::{BufResult, IoBuf};
+use millrace_block::{BufResult, IoBuf, Lent};
 use millrace_io::{Batch, SharedBuf};
 
 use super::layout::ReadFrom;
@@ -30,6 +31,10 @@ use super::ring::{Drives, Sent, SentList};
 use super::unlogged::Ticket;
 use super::write::sector_span;
 use super::{Array, Result};
+
+/// Pieces a lent range may have at most (a 1 MiB read over 16 KiB strips has 64): one slice
+/// each in the vectored send.
+const MAX_LENT_PIECES: usize = 64;
 
 impl Array {
     /// `read_at` over an owned buffer, completion-based where it can be.
@@ -59,32 +64,45 @@ impl Array {
         (r.map_err(Into::into), buf)
     }
 
-    /// `BlockDevice::lend`: a healthy pool's range on one member whose bytes are in memory,
-    /// lent with that member (which keeps its mapping) for as long as the buffer lives. The
-    /// same conditions as a read on the ring, which takes no lock either.
-    pub(super) fn lend_read(&self, offset: u64, len: usize) -> Option<IoBuf> {
+    /// `BlockDevice::lend`: a healthy pool's range whose members hold it in memory, lent piece
+    /// by piece, each with its member (which keeps its mapping) for as long as its buffer
+    /// lives. The same conditions as a read on the ring, which takes no lock either.
+    pub(super) fn lend_read(&self, offset: u64, len: usize) -> Option<Lent> {
         if len == 0 || self.check_range(offset, len as u64).is_err() {
             return None;
         }
         let drives = self.ring_drives(offset, len)?;
         let pieces = self.pieces(offset, len);
-        let [p] = pieces.as_slice() else {
+        if pieces.len() > MAX_LENT_PIECES {
             return None;
-        };
-        let Ok(ReadFrom::Member(m)) = self.layout.read_from(self, p) else {
-            return None;
-        };
-        let drive = &drives[m];
-        let at = drive.lend(self.member_offset(p.row, p.s), len)?;
+        }
+        // Every piece first, so that a range lent in part is not counted.
+        let mut found = smallvec::SmallVec::<[(usize, NonNull<u8>, usize); 4]>::new();
+        let mut next = 0;
+        for p in &pieces {
+            let Ok(ReadFrom::Member(m)) = self.layout.read_from(self, p) else {
+                return None;
+            };
+            if p.at != next {
+                return None;
+            }
+            next += p.len;
+            let at = drives[m].lend(self.member_offset(p.row, p.s), p.len)?;
+            found.push((m, at, p.len));
+        }
         self.stats.read_ops.fetch_add(1, Ordering::Relaxed);
         self.stats
             .read_bytes
             .fetch_add(len as u64, Ordering::Relaxed);
-        let ms = &self.member_stats[m];
-        ms.read_ops.fetch_add(1, Ordering::Relaxed);
-        ms.read_bytes.fetch_add(len as u64, Ordering::Relaxed);
-        // SAFETY: the drive maps these bytes for as long as it lives, and the buffer keeps it.
-        Some(unsafe { IoBuf::lent(at, len, Box::new(drive.clone())) })
+        let mut lent = Lent::with_capacity(found.len());
+        for (m, at, n) in found {
+            let ms = &self.member_stats[m];
+            ms.read_ops.fetch_add(1, Ordering::Relaxed);
+            ms.read_bytes.fetch_add(n as u64, Ordering::Relaxed);
+            // SAFETY: the drive maps these bytes for as long as it lives; the buffer keeps it.
+            lent.push(unsafe { IoBuf::lent(at, n, Box::new(drives[m].clone())) });
+        }
+        Some(lent)
     }
 
     /// Reads every piece straight into the buffer. Returns whether all went well.

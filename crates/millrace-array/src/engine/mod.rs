@@ -586,7 +586,7 @@ impl millrace_block::BlockDevice for Array {
     fn read_async(&self, offset: u64, buf: IoBuf) -> IoFuture<'_, BufResult> {
         Box::pin(self.read_owned(offset, buf))
     }
-    fn lend(&self, offset: u64, len: usize) -> Option<IoBuf> {
+    fn lend(&self, offset: u64, len: usize) -> Option<millrace_block::Lent> {
         self.lend_read(offset, len)
     }
     fn write_async(&self, offset: u64, buf: IoBuf, fua: bool) -> IoFuture<'_, BufResult> {

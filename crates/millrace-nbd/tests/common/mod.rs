@@ -325,6 +325,9 @@ pub struct TestDev {
     pub max_active: AtomicUsize,
     pub discards: AtomicUsize,
     pub zeroes: AtomicUsize,
+    /// Lend reads in pieces of this many bytes (0: never lend), counting them in `lends`.
+    pub lend_piece: AtomicUsize,
+    pub lends: AtomicUsize,
 }
 
 impl TestDev {
@@ -338,6 +341,8 @@ impl TestDev {
             max_active: AtomicUsize::new(0),
             discards: AtomicUsize::new(0),
             zeroes: AtomicUsize::new(0),
+            lend_piece: AtomicUsize::new(0),
+            lends: AtomicUsize::new(0),
         })
     }
     fn enter(&self) {
@@ -378,6 +383,18 @@ impl BlockDevice for TestDev {
             self.leave();
             (r, buf)
         })
+    }
+    /// The bytes in pieces, as an array lends a range over several members (copies here: what
+    /// is tested is how the server sends them).
+    fn lend(&self, offset: u64, len: usize) -> Option<millrace_block::Lent> {
+        let piece = self.lend_piece.load(Ordering::SeqCst);
+        if piece == 0 {
+            return None;
+        }
+        let mut all = vec![0u8; len];
+        self.mem.read_at(offset, &mut all).ok()?;
+        self.lends.fetch_add(1, Ordering::SeqCst);
+        Some(all.chunks(piece).map(IoBuf::from_slice).collect())
     }
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         self.enter();

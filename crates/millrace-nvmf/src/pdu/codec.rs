@@ -66,6 +66,18 @@ pub fn encode_head_into(
     ddgst: bool,
     align: usize,
 ) {
+    encode_head_len_into(out, head, data.len(), hdgst, ddgst, align)
+}
+
+/// `encode_head_into` for a PDU of `data_len` bytes of data, wherever they are.
+pub fn encode_head_len_into(
+    out: &mut Vec<u8>,
+    head: &Head,
+    data_len: usize,
+    hdgst: bool,
+    ddgst: bool,
+    align: usize,
+) {
     let base = out.len();
     let (t, mut fl) = head.type_and_flags();
     let ic_or_term = matches!(
@@ -73,7 +85,7 @@ pub fn encode_head_into(
         Head::IcReq(_) | Head::IcResp(_) | Head::TermReq { .. }
     );
     let hdgst = hdgst && !ic_or_term;
-    let ddgst = ddgst && !ic_or_term && !data.is_empty();
+    let ddgst = ddgst && !ic_or_term && data_len > 0;
     if hdgst {
         fl |= flags::HDGST;
     }
@@ -87,13 +99,13 @@ pub fn encode_head_into(
     let head_total = hlen + if hdgst { DIGEST_LEN } else { 0 };
     let align = align.max(1);
     // Termination requests carry their data right after the header, with PDO reserved.
-    let (pdo, data_at) = if data.is_empty() || ic_or_term {
+    let (pdo, data_at) = if data_len == 0 || ic_or_term {
         (0, head_total)
     } else {
         let p = head_total.div_ceil(align) * align;
         (p, p)
     };
-    let plen = data_at + data.len() + if ddgst { DIGEST_LEN } else { 0 };
+    let plen = data_at + data_len + if ddgst { DIGEST_LEN } else { 0 };
     out[base + 3] = pdo as u8;
     out[base + 4..base + 8].copy_from_slice(&(plen as u32).to_le_bytes());
     if hdgst {

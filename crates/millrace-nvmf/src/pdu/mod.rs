@@ -21,7 +21,7 @@ mod head;
 mod inbound;
 mod stream;
 
-pub use codec::{decode, encode, encode_head, encode_head_into, Pdu};
+pub use codec::{decode, encode, encode_head, encode_head_into, encode_head_len_into, Pdu};
 pub use consts::{
     digest, fes, flags, pdu_type, CH_LEN, CMD_HLEN, DATA_HLEN, DIGEST_LEN, IC_LEN, R2T_HLEN,
     RESP_HLEN, TERM_HLEN, TERM_MAX_DATA,

@@ -140,7 +140,7 @@ pub(crate) async fn serve_connection(
     let writer = tokio::spawn(reply.writer(wr, fmt, sqhd.clone()));
     let session = Session::new(t.clone(), peer, local, discovery_only)
         .with_completer(completer(&reply))
-        .with_lent_reads(!ddgst && lent_reads());
+        .with_lent_reads(!ddgst && millrace_io::lend_reads());
     let mut c = Conn {
         t: t.clone(),
         peer,
@@ -171,14 +171,6 @@ pub(crate) async fn serve_connection(
 
 /// The connection's first PDU, which must be an ICReq before the handshake deadline; a PDU
 /// refused is answered with a C2HTermReq, and None closes the connection.
-/// Whether reads may go out from a device's own bytes (`Session::with_lent_reads`): on unless
-/// `MILLRACE_LEND_READS=0`, which makes every read copy into a pool buffer first (to measure
-/// what lending saves, or to rule it out).
-fn lent_reads() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MILLRACE_LEND_READS").map_or(true, |v| v != "0"))
-}
-
 async fn ic_req(
     t: &Inner,
     rd: &mut Inbound<OwnedReadHalf>,
@@ -469,7 +461,9 @@ impl Conn {
             Action::Data { mut data, result } if c2h_len > 0 => {
                 data.resize(c2h_len, 0);
                 // Admin data (Identify, log pages): small, and not on the data path.
-                self.reply.data(cid, IoBuf::from_slice(&data), None, result);
+                let mut one = millrace_io::Lent::new();
+                one.push(IoBuf::from_slice(&data));
+                self.reply.data(cid, one, None, result);
             }
             Action::Data { result, .. } => self.reply.done(cid, Status::SUCCESS, result),
             Action::Parked => {}
