@@ -91,6 +91,10 @@ pub struct TargetConfig {
     /// A PDU once begun must arrive whole (header and data) this soon, or the connection
     /// is closed (a host that sends half a PDU holds nothing for long).
     pub pdu_timeout: Duration,
+    /// Replies once being sent must be taken by the host this soon, or the connection is closed:
+    /// a host that stops reading its socket holds what its replies are sent from (pool buffers,
+    /// a member's pages) no longer.
+    pub reply_timeout: Duration,
     /// Grant header and data digests when a host asks for them.
     pub allow_digests: bool,
     /// Most bytes of the buffer pool one host (host NQN) holds at once, over all its queues;
@@ -117,6 +121,7 @@ impl Default for TargetConfig {
             max_connections_per_address: 1024,
             handshake_timeout: Duration::from_secs(10),
             pdu_timeout: Duration::from_secs(10),
+            reply_timeout: Duration::from_secs(30),
             allow_digests: true,
             max_host_buffer_bytes: None,
             write_hold: Duration::from_millis(2),

@@ -3,14 +3,17 @@
 //! back once sent, and a connection with a data digest is never answered from lent bytes.
 
 use millrace_block::{check_range, BlockDevice, IoBuf, Lent};
-use millrace_nvmf::initiator::{HostController, HostOptions};
+use millrace_nvmf::cmd::{self, Cqe, Sgl, Sqe, CQE_LEN};
+use millrace_nvmf::initiator::{connect_pdu, ic_req_pdu, HostController, HostOptions};
+use millrace_nvmf::pdu::{self, Head, CH_LEN, IC_LEN};
 use millrace_nvmf::{Namespace, SubsystemConfig, Target, TargetConfig};
 use std::cell::UnsafeCell;
 use std::io;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const NQN: &str = "nqn.2024-01.io.millrace:lent";
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000ab";
@@ -77,9 +80,9 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn reads_from_lent_bytes_are_the_bytes_written_and_digests_turn_lending_off() {
-    let t = Target::new(TargetConfig::default());
+/// A target serving a lending device; returns it, its address, the device and its bytes.
+async fn serve(cfg: TargetConfig) -> (Target, std::net::SocketAddr, Arc<Lending>, Arc<Mem>) {
+    let t = Target::new(cfg);
     let mem = Arc::new(Mem(UnsafeCell::new(vec![0u8; SIZE].into_boxed_slice())));
     let dev = Arc::new(Lending {
         mem: mem.clone(),
@@ -103,7 +106,21 @@ async fn reads_from_lent_bytes_are_the_bytes_written_and_digests_turn_lending_of
     let addr = l.local_addr().unwrap();
     let t2 = t.clone();
     tokio::spawn(async move { t2.serve(l).await });
+    (t, addr, dev, mem)
+}
 
+/// Waits until only the test and the device hold the device's bytes: every lent piece is back.
+async fn all_back(mem: &Arc<Mem>, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Arc::strong_count(mem) > 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Arc::strong_count(mem) == 2
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reads_from_lent_bytes_are_the_bytes_written_and_digests_turn_lending_off() {
+    let (t, addr, dev, mem) = serve(TargetConfig::default()).await;
     for ddgst in [false, true] {
         let o = HostOptions {
             hostnqn: HOST.into(),
@@ -146,12 +163,69 @@ async fn reads_from_lent_bytes_are_the_bytes_written_and_digests_turn_lending_of
         } else {
             assert_eq!(lent, 32, "every read of this connection is lent");
         }
+        assert_eq!(t.stats().lent_reads, 32, "and the target counts them");
         drop(c);
     }
     // Every lent piece went back once sent: only the device holds its bytes.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while Arc::strong_count(&mem) > 2 && std::time::Instant::now() < deadline {
+    assert!(
+        all_back(&mem, Duration::from_secs(5)).await,
+        "the test's and the device's"
+    );
+}
+
+/// A host that sends reads and never reads its socket holds their lent pieces only until the
+/// reply timeout: then its connection is closed and every piece goes back, though the host
+/// keeps its end open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_stops_reading_holds_lent_pieces_until_the_reply_timeout() {
+    let (_t, addr, dev, mem) = serve(TargetConfig {
+        reply_timeout: Duration::from_secs(1),
+        ..Default::default()
+    })
+    .await;
+    let o = HostOptions {
+        hostnqn: HOST.into(),
+        ..Default::default()
+    };
+    let c = HostController::connect(addr, NQN, &o, 0).await.unwrap();
+    c.admin.set_features(0x07, 0).await.unwrap();
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let mut s = sock.connect(addr).await.unwrap();
+    s.write_all(&ic_req_pdu()).await.unwrap();
+    s.read_exact(&mut [0u8; IC_LEN]).await.unwrap();
+    s.write_all(&connect_pdu(&o, NQN, 1, 128, c.cntlid))
+        .await
+        .unwrap();
+    let mut b = [0u8; CH_LEN + CQE_LEN];
+    s.read_exact(&mut b).await.unwrap();
+    assert!(Cqe::decode(b[CH_LEN..].try_into().unwrap())
+        .status()
+        .is_success());
+    // 100 reads of 256 KiB, far more than the sockets hold; none of their replies is read.
+    let mut all = Vec::new();
+    for cid in 0..100u16 {
+        let mut r = Sqe::new(cmd::io::READ, cid, 1);
+        r.set_lba_range(cid as u64 * 64 % (SIZE as u64 / 4096 - 64), 64);
+        r.set_sgl(Sgl::Transport { len: 256 << 10 });
+        all.extend(pdu::encode(&Head::Cmd(r), &[], false, false, 1));
+    }
+    s.write_all(&all).await.unwrap();
+    let t0 = Instant::now();
+    while dev.lends.load(Ordering::Relaxed) < 100 && t0.elapsed() < Duration::from_secs(5) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(Arc::strong_count(&mem), 2, "the test's and the device's");
+    assert!(
+        Arc::strong_count(&mem) > 2,
+        "the stalled replies hold their pieces"
+    );
+    assert!(
+        all_back(&mem, Duration::from_secs(10)).await,
+        "the pieces went back once the reply timeout closed the connection"
+    );
+    // What the socket still delivers ends: the target closed its side.
+    let mut rest = Vec::new();
+    let r = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest)).await;
+    assert!(r.is_ok(), "the connection was closed");
+    drop(c);
 }

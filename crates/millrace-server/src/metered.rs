@@ -147,7 +147,39 @@ fn stopping() -> io::Error {
     io::Error::other("the server is stopping; the request was not carried out")
 }
 
+/// Longest a volume's deletion (or its pool's destruction) waits for the exports' requests
+/// still inside it: a client that does not take its replies is closed within 30 s (the NVMe/TCP
+/// reply timeout, NBD's payload timeout), and its requests end with it.
+const OUT_BOUND: Duration = Duration::from_secs(40);
+
 impl Meters {
+    /// Waits until no request of an export is inside any of `volumes` of `pool`, at most
+    /// `OUT_BOUND`; the requests still inside, if any are. A read sent from a member's own pages
+    /// (`BlockDevice::lend`) is inside until it is sent: the space of a deleted volume or a
+    /// destroyed pool goes to other data, which such a reply would carry if it went later.
+    pub fn wait_out(&self, pool: &str, volumes: &[String]) -> Option<i64> {
+        let t0 = Instant::now();
+        loop {
+            let inside: i64 = volumes
+                .iter()
+                .map(|v| {
+                    let l = VolLabels {
+                        pool: pool.into(),
+                        volume: v.clone(),
+                    };
+                    self.inflight.get(&l).map_or(0, |g| g.get())
+                })
+                .sum();
+            if inside <= 0 {
+                return None;
+            }
+            if t0.elapsed() > OUT_BOUND {
+                return Some(inside);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     pub fn wrap(
         &self,
         pool: &str,
@@ -351,6 +383,77 @@ impl BlockDevice for Metered {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Lends every range from bytes of its own, in two pieces.
+    struct Lender(Box<[u8]>);
+
+    impl BlockDevice for Lender {
+        fn size_bytes(&self) -> u64 {
+            self.0.len() as u64
+        }
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+            let o = offset as usize;
+            buf.copy_from_slice(&self.0[o..o + buf.len()]);
+            Ok(())
+        }
+        fn write_at(&self, _offset: u64, _data: &[u8]) -> io::Result<()> {
+            Err(io::Error::other("read-only"))
+        }
+        fn flush(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn lend(&self, offset: u64, len: usize) -> Option<Lent> {
+            let at = |o: usize| std::ptr::NonNull::new(self.0[o..].as_ptr().cast_mut());
+            let (o, half) = (offset as usize, len / 2);
+            // SAFETY: the device outlives the pieces in this test; `Box::new(())` keeps nothing.
+            let piece =
+                |o: usize, n: usize| unsafe { IoBuf::lent(at(o).unwrap(), n, Box::new(())) };
+            Some(
+                [piece(o, half), piece(o + half, len - half)]
+                    .into_iter()
+                    .collect(),
+            )
+        }
+    }
+
+    /// A lent read stays inside its volume (its gauge, the gate) until its last piece is
+    /// dropped, and a volume's deletion waits for that.
+    #[test]
+    fn a_lent_read_counts_inside_its_volume_until_its_pieces_are_dropped() {
+        let m = Meters::default();
+        let data: Box<[u8]> = (0..8192).map(|i| i as u8).collect();
+        let dev = m.wrap("p", "v", Arc::new(Lender(data.clone())));
+        let lent = dev.lend(4096, 4096).expect("lent");
+        let joined: Vec<u8> = lent.iter().flat_map(|b| b.iter().copied()).collect();
+        assert_eq!(joined, &data[4096..]);
+        let gauge = |m: &Meters| {
+            let l = VolLabels {
+                pool: "p".into(),
+                volume: "v".into(),
+            };
+            m.inflight.get(&l).map(|g| g.get())
+        };
+        assert_eq!(gauge(&m), Some(1), "inside while its pieces are out");
+        assert!(
+            m.wait_out("p", &["w".into()]).is_none(),
+            "another volume waits for nothing"
+        );
+        let t0 = Instant::now();
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            drop(lent);
+        });
+        assert!(m.wait_out("p", &["v".into()]).is_none());
+        assert!(
+            t0.elapsed() >= Duration::from_millis(150),
+            "it waited for the send"
+        );
+        assert_eq!(gauge(&m), Some(0));
+        sender.join().unwrap();
+        m.gate.close();
+        assert!(dev.lend(0, 4096).is_none(), "a closed gate lends nothing");
+        assert_eq!(gauge(&m), Some(0));
+    }
 
     #[tokio::test]
     async fn a_closed_gate_drains_the_requests_of_every_volume_and_lets_none_in() {

@@ -280,6 +280,8 @@ impl State {
                 "a rebuild or scrub of pool {name} is running; wait for it to finish"
             )));
         }
+        let names: Vec<String> = volumes.iter().map(|v| v.name.clone()).collect();
+        self.requests_out(name, &names)?;
         let e = self.pools.write().remove(name).expect("checked above");
         let entry = match Arc::try_unwrap(e) {
             Ok(entry) => entry,

@@ -280,7 +280,20 @@ impl State {
                 props::describe(&v)
             )));
         }
+        self.requests_out(pool, &[name.to_string()])?;
         e.volumes.delete(name).map_err(vol_err)
+    }
+
+    /// Refuses to go on while requests of a removed export are still inside `volumes` of
+    /// `pool` after waiting for them (`Meters::wait_out`); blocks, so call it off the runtime.
+    pub(crate) fn requests_out(&self, pool: &str, volumes: &[String]) -> Result<(), ApiError> {
+        match self.meters.wait_out(pool, volumes) {
+            None => Ok(()),
+            Some(n) => Err(ApiError::conflict(format!(
+                "{n} requests of a removed export are still being answered from pool {pool} (a \
+                 client that does not take its replies is closed within 30 s); try again in a minute"
+            ))),
+        }
     }
 
     pub fn grow_volume(&self, pool: &str, name: &str, size: u64) -> Result<VolumeInfo, ApiError> {

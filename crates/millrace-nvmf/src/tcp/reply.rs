@@ -196,14 +196,37 @@ pub(super) fn term(fes: u16, fei: u32, hdr: &[u8]) -> Vec<u8> {
     )
 }
 
+/// Sends what the batch holds within `limit`; a host that has not taken it by then is stalled
+/// (or hostile), and the connection ends (TimedOut), giving back what the replies are sent from.
+async fn send(
+    g: &mut Gather,
+    wr: &mut OwnedWriteHalf,
+    limit: std::time::Duration,
+) -> std::io::Result<()> {
+    match tokio::time::timeout(limit, g.flush(wr)).await {
+        Ok(r) => r,
+        Err(_) => {
+            tracing::info!(
+                "closing an NVMe/TCP connection: the host did not take its replies within {} s",
+                limit.as_secs_f64()
+            );
+            Err(std::io::ErrorKind::TimedOut.into())
+        }
+    }
+}
+
 async fn writer(mut wr: OwnedWriteHalf, out: Arc<Outbox>, f: Fmt, sqhd: Arc<AtomicU16>) {
+    let limit = out.t.cfg.reply_timeout;
     let mut g = Gather::default();
     let mut batch = Vec::new();
+    // A send that failed (or timed out) is not tried again on the way out.
+    let mut failed = false;
     'run: loop {
         // Take everything queued at once; send when the queue runs dry or the batch is big.
         std::mem::swap(&mut out.queue.lock().items, &mut batch);
         if batch.is_empty() {
-            if g.flush(&mut wr).await.is_err() {
+            if send(&mut g, &mut wr, limit).await.is_err() {
+                failed = true;
                 break;
             }
             if out.senders.load(Ordering::Acquire) == 0 {
@@ -235,12 +258,15 @@ async fn writer(mut wr: OwnedWriteHalf, out: Arc<Outbox>, f: Fmt, sqhd: Arc<Atom
                 }
                 Out::Close => break 'run,
             }
-            if g.is_big() && g.flush(&mut wr).await.is_err() {
+            if g.is_big() && send(&mut g, &mut wr, limit).await.is_err() {
+                failed = true;
                 break 'run;
             }
         }
     }
-    let _ = g.flush(&mut wr).await;
+    if !failed {
+        let _ = send(&mut g, &mut wr, limit).await;
+    }
     let _ = wr.shutdown().await;
     // What is still queued goes (its buffers back to the pool) outside the lock.
     let left = {

@@ -274,6 +274,7 @@ impl State {
         if v.props.contains_key(NBD_PROP) {
             self.drop_nbd_export(pool, vol)?;
         }
+        self.requests_out(pool, &[vol.to_string()])?;
         e.volumes
             .delete(vol)
             .map_err(|e| internal(&format!("cannot delete volume {pool}/{vol}"), e))?;
