@@ -266,9 +266,7 @@ async fn read<W: AsyncWrite + Unpin>(
                 drop(buf);
                 return fail(sh, &req, "read", e).await;
             }
-            let mut one = Lent::new();
-            one.push(buf);
-            one
+            Lent::from_buf([buf])
         }
     };
     for c in counters(sh) {
@@ -435,36 +433,20 @@ async fn write_parts<W: AsyncWrite + Unpin>(
     head: &[u8],
     data: &[&[u8]],
 ) -> io::Result<()> {
-    let mut left: smallvec::SmallVec<[&[u8]; 5]> = std::iter::once(head)
+    let mut all: smallvec::SmallVec<[IoSlice; 5]> = std::iter::once(head)
         .chain(data.iter().copied())
-        .filter(|p| !p.is_empty())
+        .map(IoSlice::new)
         .collect();
-    let mut i = 0;
-    while i < left.len() {
+    let mut left = &mut all[..];
+    // Leading empty slices go, so a write that takes nothing means the socket is gone.
+    IoSlice::advance_slices(&mut left, 0);
+    while !left.is_empty() {
         // The kernel takes at most 1024 slices a call.
-        let iov: smallvec::SmallVec<[IoSlice; 5]> = left[i..]
-            .iter()
-            .take(1024)
-            .map(|p| IoSlice::new(p))
-            .collect();
-        let mut n = if iov.len() == 1 {
-            w.write(left[i]).await?
-        } else {
-            w.write_vectored(&iov).await?
-        };
+        let n = w.write_vectored(&left[..left.len().min(1024)]).await?;
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
-        while n > 0 {
-            let l = left[i].len();
-            if n >= l {
-                n -= l;
-                i += 1;
-            } else {
-                left[i] = &left[i][n..];
-                n = 0;
-            }
-        }
+        IoSlice::advance_slices(&mut left, n);
     }
     w.flush().await
 }

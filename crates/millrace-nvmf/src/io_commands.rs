@@ -212,9 +212,10 @@ impl IoCommand {
             status_of(&e, true)
         })?;
         self.count_read(len);
-        let mut data = Lent::new();
-        data.push(buf);
-        Ok(IoDone::Read { data, held })
+        Ok(IoDone::Read {
+            data: Lent::from_buf([buf]),
+            held,
+        })
     }
 
     fn count_read(&self, len: u64) {

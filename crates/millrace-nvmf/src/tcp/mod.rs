@@ -461,8 +461,7 @@ impl Conn {
             Action::Data { mut data, result } if c2h_len > 0 => {
                 data.resize(c2h_len, 0);
                 // Admin data (Identify, log pages): small, and not on the data path.
-                let mut one = millrace_io::Lent::new();
-                one.push(IoBuf::from_slice(&data));
+                let one = millrace_io::Lent::from_buf([IoBuf::from_slice(&data)]);
                 self.reply.data(cid, one, None, result);
             }
             Action::Data { result, .. } => self.reply.done(cid, Status::SUCCESS, result),

@@ -361,7 +361,7 @@ mod tests {
         .unwrap();
         out.push(Out::Data {
             cqe: Cqe::new(1, Status::SUCCESS, 0),
-            data: [pool.try_get(4096).unwrap().unwrap()].into_iter().collect(),
+            data: Lent::from_buf([pool.try_get(4096).unwrap().unwrap()]),
             held: None,
         });
         assert_eq!(pool.usage().in_use_bytes, 0);
