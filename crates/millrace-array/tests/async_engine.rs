@@ -288,6 +288,48 @@ fn a_member_file_truncated_under_its_mapping_fails_the_member_not_the_process() 
     drop(cores);
 }
 
+/// Whole-row writes on drive files in memory compute their parity straight into the parity
+/// members' pages (`millrace_io::place_repaired`), counted with the repaired writes. A parity
+/// member truncated behind the pool's back faults under that computation: the process lives,
+/// the parity lands by pwrite from the pages written, and parity matches the data written.
+#[test]
+fn parity_computed_in_a_truncated_members_pages_lands_by_pwrite() {
+    let Some(rig) = memory_rig(Level::Raid6, 4, None, 4096, 16) else {
+        return;
+    };
+    let (pool, cores) = start_cores(2, 8 << 20);
+    let size = rig.array.size_bytes() as usize;
+    let whole = |seed| {
+        let op = Op::Write {
+            at: 0.0,
+            len: size,
+            seed,
+            whole: true,
+            fua: false,
+        };
+        (op, (0, size))
+    };
+    run_round(&cores, &pool, &rig.array, &[whole(7)]);
+    let placed = repaired(&cores);
+    // 16 rows, two parities each.
+    assert!(placed >= 32, "parity went into the mappings ({placed})");
+    rig.check_redundancy().unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&rig.files[1])
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    run_round(&cores, &pool, &rig.array, &[whole(8)]);
+    drop(cores);
+    assert!(
+        rig.logical_from_drives() == pattern(8, size),
+        "the members hold the second write"
+    );
+    rig.check_redundancy()
+        .unwrap_or_else(|e| panic!("after the fault: {e}"));
+}
+
 /// `BlockDevice::lend` on a healthy pool in memory: a range is lent piece by piece, one per
 /// member strip it covers, and the pieces hold the pool's bytes in order; a range of part of a
 /// sector, or any range once a member is out of service, is not (the read path serves those).

@@ -484,6 +484,24 @@ fn run_inline(ops: &[MemberOp]) -> Option<Results> {
     })
 }
 
+/// The pages of `len` bytes at `offset` of a drive file in memory, to write in place on the
+/// terms of [`Batch::write_repaired`] (see `crate::mapped::place`), on a core: counted as one
+/// of its inline repaired writes. None where the write must go from a buffer in a batch.
+pub fn place_repaired(fd: RawFd, offset: u64, len: usize) -> Option<crate::mapped::Place> {
+    if !crate::inline::is_set(fd) {
+        return None;
+    }
+    RING.with(|cell| {
+        let ring = cell.borrow();
+        let stats = &ring.as_ref()?.stats;
+        let place = crate::mapped::place(fd, offset, len)?;
+        RingStats::add(&stats.inline, 1);
+        RingStats::add(&stats.mapped, 1);
+        RingStats::add(&stats.repaired, 1);
+        Some(place)
+    })
+}
+
 /// A read or write of a mapped file in memory by `crate::mapped` (a read one copy through the
 /// mapping); None: run it by pread/pwrite.
 fn run_mapped(op: &MemberOp) -> Option<i64> {

@@ -22,6 +22,14 @@ pub(crate) trait Lanes: Copy {
     unsafe fn zero() -> Self;
     unsafe fn load(p: *const u8) -> Self;
     unsafe fn store(p: *mut u8, v: Self);
+    /// Stores past the caches where the instruction set can and `p` is aligned to a vector, else
+    /// as `store`: for an output written once and not read again soon (parity straight into a
+    /// member's pages), whose lines then need not be read in first. The caller fences the
+    /// streamed stores (`crate::fence_streams`) before the output counts as written.
+    #[inline(always)]
+    unsafe fn stream(p: *mut u8, v: Self) {
+        Self::store(p, v)
+    }
     unsafe fn xor(a: Self, b: Self) -> Self;
     /// Every byte times 2 (= g).
     unsafe fn mul2(a: Self) -> Self;
@@ -117,22 +125,23 @@ pub(crate) trait Sink<V: Lanes> {
     unsafe fn byte(&self, i: usize, p: u8, q: u8);
 }
 
-/// gen_pq: stores P (unless null) and Q.
-pub(crate) struct StorePq {
+/// gen_pq: stores P (unless null) and Q, streamed past the caches with `NT` (`Lanes::stream`).
+pub(crate) struct StorePq<const NT: bool> {
     pub p: *mut u8,
     pub q: *mut u8,
 }
 
-impl<V: Lanes> Sink<V> for StorePq {
+impl<V: Lanes, const NT: bool> Sink<V> for StorePq<NT> {
     #[inline(always)]
     unsafe fn column<const W: usize>(&self, i: usize, p: &[V; W], q: &[V; W]) {
+        let put = if NT { V::stream } else { V::store };
         if !self.p.is_null() {
             for (w, v) in p.iter().enumerate() {
-                V::store(self.p.add(i + w * V::N), *v);
+                put(self.p.add(i + w * V::N), *v);
             }
         }
         for (w, v) in q.iter().enumerate() {
-            V::store(self.q.add(i + w * V::N), *v);
+            put(self.q.add(i + w * V::N), *v);
         }
     }
     #[inline(always)]
@@ -252,15 +261,19 @@ impl<V: Lanes> Sink<V> for TwoData<V> {
 }
 
 /// p = XOR of every source (at least one), in one pass over the sources per column rather than
-/// one pass over p per source.
+/// one pass over p per source; streamed past the caches with `NT` (`Lanes::stream`).
 #[inline(always)]
-pub(crate) unsafe fn gen_p<V: Lanes, const W: usize>(src: &[*const u8], p: *mut u8, len: usize) {
+pub(crate) unsafe fn gen_p<V: Lanes, const W: usize, const NT: bool>(
+    src: &[*const u8],
+    p: *mut u8,
+    len: usize,
+) {
     let Some((&first, rest)) = src.split_first() else {
         p.write_bytes(0, len);
         return;
     };
-    let mut i = p_columns::<V, W>(first, rest, p, 0, len);
-    i = p_columns::<V, 1>(first, rest, p, i, len);
+    let mut i = p_columns::<V, W, NT>(first, rest, p, 0, len);
+    i = p_columns::<V, 1, NT>(first, rest, p, i, len);
     while i < len {
         let mut v = *first.add(i);
         for &s in rest {
@@ -272,7 +285,7 @@ pub(crate) unsafe fn gen_p<V: Lanes, const W: usize>(src: &[*const u8], p: *mut 
 }
 
 #[inline(always)]
-unsafe fn p_columns<V: Lanes, const W: usize>(
+unsafe fn p_columns<V: Lanes, const W: usize, const NT: bool>(
     first: *const u8,
     rest: &[*const u8],
     p: *mut u8,
@@ -292,8 +305,9 @@ unsafe fn p_columns<V: Lanes, const W: usize>(
                 *v = V::xor(*v, V::load(s.add(w * V::N)));
             }
         }
+        let put = if NT { V::stream } else { V::store };
         for (w, v) in pv.iter().enumerate() {
-            V::store(p.add(i + w * V::N), *v);
+            put(p.add(i + w * V::N), *v);
         }
         i += step;
     }

@@ -33,11 +33,19 @@ macro_rules! entry_points_body {
 
         $(#[$attr])?
         unsafe fn gen_pq(src: &[*const u8], p: *mut u8, q: *mut u8, len: usize) {
-            k::syndromes::<$v, $w_pq, _>(src, &StorePq { p, q }, len)
+            k::syndromes::<$v, $w_pq, _>(src, &StorePq::<false> { p, q }, len)
         }
         $(#[$attr])?
         unsafe fn gen_p(src: &[*const u8], p: *mut u8, len: usize) {
-            k::gen_p::<$v, $w_p>(src, p, len)
+            k::gen_p::<$v, $w_p, false>(src, p, len)
+        }
+        $(#[$attr])?
+        unsafe fn gen_pq_nt(src: &[*const u8], p: *mut u8, q: *mut u8, len: usize) {
+            k::syndromes::<$v, $w_pq, _>(src, &StorePq::<true> { p, q }, len)
+        }
+        $(#[$attr])?
+        unsafe fn gen_p_nt(src: &[*const u8], p: *mut u8, len: usize) {
+            k::gen_p::<$v, $w_p, true>(src, p, len)
         }
         $(#[$attr])?
         unsafe fn mul(c: u8, a: *const u8, b: *const u8, dst: *mut u8, len: usize) {
@@ -85,6 +93,8 @@ macro_rules! entry_points_body {
         pub(crate) const OPS: $crate::Ops = $crate::Ops {
             gen_pq,
             gen_p,
+            gen_pq_nt,
+            gen_p_nt,
             mul,
             mul_acc,
             data_and_parity,
@@ -109,6 +119,9 @@ pub use error::ParityError;
 pub(crate) struct Ops {
     gen_pq: unsafe fn(&[*const u8], *mut u8, *mut u8, usize),
     gen_p: unsafe fn(&[*const u8], *mut u8, usize),
+    /// gen_pq and gen_p with their outputs streamed past the caches (kernel::Lanes::stream).
+    gen_pq_nt: unsafe fn(&[*const u8], *mut u8, *mut u8, usize),
+    gen_p_nt: unsafe fn(&[*const u8], *mut u8, usize),
     mul: unsafe fn(u8, *const u8, *const u8, *mut u8, usize),
     mul_acc: unsafe fn(u8, *const u8, *const u8, *mut u8, usize),
     /// Rebuilds data strip x and P (lost_q false) or Q (true): see kernel::DataAndParity.
@@ -304,6 +317,55 @@ fn gen_pq_ops(ops: &Ops, data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
         // SAFETY: every buffer holds at least len bytes.
         unsafe { (ops.gen_pq)(src, p.as_mut_ptr(), q.as_mut_ptr(), len) }
     })
+}
+
+/// gen_pq with P and Q stored past the caches: for parity computed straight into memory that
+/// is written once and not read again soon (a member drive file's pages), whose lines then need
+/// not be read in before they are overwritten. The stores are fenced before it returns.
+pub fn gen_pq_streamed(data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
+    gen_pq_streamed_ops(ops(), data, p, q)
+}
+
+fn gen_pq_streamed_ops(ops: &Ops, data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
+    debug_assert_eq!(p.len(), q.len(), "parity buffers differ in length");
+    with_ptrs(data, p.len().min(q.len()), |src, len| {
+        // SAFETY: every buffer holds at least len bytes.
+        unsafe { (ops.gen_pq_nt)(src, p.as_mut_ptr(), q.as_mut_ptr(), len) }
+    });
+    fence_streams();
+}
+
+/// gen_p with P stored past the caches (see `gen_pq_streamed`).
+pub fn gen_p_streamed(data: &[&[u8]], p: &mut [u8]) {
+    gen_p_streamed_ops(ops(), data, p)
+}
+
+fn gen_p_streamed_ops(ops: &Ops, data: &[&[u8]], p: &mut [u8]) {
+    with_ptrs(data, p.len(), |src, len| {
+        // SAFETY: every buffer holds at least len bytes.
+        unsafe { (ops.gen_p_nt)(src, p.as_mut_ptr(), len) }
+    });
+    fence_streams();
+}
+
+/// Orders streamed stores before every later store: they are weakly ordered, and the output
+/// must be in memory before whoever reads it next (or a write-done report) may see it.
+fn fence_streams() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE (every x86_64 CPU has it).
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+}
+
+/// gen_pq_streamed on a chosen kernel. Panics if `kernel` is not available.
+pub fn gen_pq_streamed_with(kernel: Kernel, data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
+    gen_pq_streamed_ops(&kernel.ops(), data, p, q)
+}
+
+/// gen_p_streamed on a chosen kernel. Panics if `kernel` is not available.
+pub fn gen_p_streamed_with(kernel: Kernel, data: &[&[u8]], p: &mut [u8]) {
+    gen_p_streamed_ops(&kernel.ops(), data, p)
 }
 
 fn mul_ops(ops: &Ops, c: u8, src: &[u8], dst: &mut [u8], accumulate: bool) {

@@ -27,6 +27,21 @@ macro_rules! entry_points {
     };
 }
 
+/// `Lanes::stream` for a vector of `$n` bytes: the streaming store `$f` where `p` is aligned
+/// to it (the instruction faults otherwise), else a plain store.
+macro_rules! stream_aligned {
+    ($n:literal, $f:ident, $t:ty) => {
+        #[inline(always)]
+        unsafe fn stream(p: *mut u8, v: Self) {
+            if (p as usize) & ($n - 1) == 0 {
+                $f(p as *mut $t, v.0)
+            } else {
+                Self::store(p, v)
+            }
+        }
+    };
+}
+
 #[derive(Clone, Copy)]
 pub(crate) struct Sse2(__m128i);
 #[derive(Clone, Copy)]
@@ -56,6 +71,7 @@ impl Lanes for Sse2 {
     unsafe fn store(p: *mut u8, v: Self) {
         _mm_storeu_si128(p as *mut __m128i, v.0)
     }
+    stream_aligned!(16, _mm_stream_si128, __m128i);
     #[inline(always)]
     unsafe fn xor(a: Self, b: Self) -> Self {
         Sse2(_mm_xor_si128(a.0, b.0))
@@ -99,6 +115,7 @@ impl Lanes for Ssse3 {
     unsafe fn store(p: *mut u8, v: Self) {
         _mm_storeu_si128(p as *mut __m128i, v.0)
     }
+    stream_aligned!(16, _mm_stream_si128, __m128i);
     #[inline(always)]
     unsafe fn xor(a: Self, b: Self) -> Self {
         Ssse3(_mm_xor_si128(a.0, b.0))
@@ -139,6 +156,7 @@ impl Lanes for Avx2 {
     unsafe fn store(p: *mut u8, v: Self) {
         _mm256_storeu_si256(p as *mut __m256i, v.0)
     }
+    stream_aligned!(32, _mm256_stream_si256, __m256i);
     #[inline(always)]
     unsafe fn xor(a: Self, b: Self) -> Self {
         Avx2(_mm256_xor_si256(a.0, b.0))
@@ -199,6 +217,7 @@ mod wide {
         unsafe fn store(p: *mut u8, v: Self) {
             _mm256_storeu_si256(p as *mut __m256i, v.0)
         }
+        stream_aligned!(32, _mm256_stream_si256, __m256i);
         #[inline(always)]
         unsafe fn xor(a: Self, b: Self) -> Self {
             Avx2Gfni(_mm256_xor_si256(a.0, b.0))
@@ -235,6 +254,7 @@ mod wide {
         unsafe fn store(p: *mut u8, v: Self) {
             _mm512_storeu_si512(p as *mut _, v.0)
         }
+        stream_aligned!(64, _mm512_stream_si512, __m512i);
         #[inline(always)]
         unsafe fn xor(a: Self, b: Self) -> Self {
             Avx512(_mm512_xor_si512(a.0, b.0))
@@ -286,6 +306,7 @@ mod wide {
         unsafe fn store(p: *mut u8, v: Self) {
             _mm512_storeu_si512(p as *mut _, v.0)
         }
+        stream_aligned!(64, _mm512_stream_si512, __m512i);
         #[inline(always)]
         unsafe fn xor(a: Self, b: Self) -> Self {
             Avx512Gfni(_mm512_xor_si512(a.0, b.0))

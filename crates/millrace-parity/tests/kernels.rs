@@ -118,6 +118,30 @@ fn every_kernel_matches_reference() {
                 gen_p_with(kern, &data, &mut p);
                 assert!(p == rp, "gen_p {what}");
 
+                // Streamed stores take only vector-aligned addresses: outputs aligned to 64
+                // (off 0) and not (off 3), both ends ragged where len is.
+                let mut p = vec![0xaau8; len + 64 + off];
+                let mut q = vec![0x55u8; len + 64 + off];
+                let (pa, qa) = (
+                    p.as_ptr().align_offset(64) + off,
+                    q.as_ptr().align_offset(64) + off,
+                );
+                gen_pq_streamed_with(kern, &data, &mut p[pa..pa + len], &mut q[qa..qa + len]);
+                assert!(p[pa..pa + len] == rp[..], "gen_pq_streamed P {what}");
+                assert!(q[qa..qa + len] == rq[..], "gen_pq_streamed Q {what}");
+                assert!(
+                    p[..pa].iter().chain(&p[pa + len..]).all(|&b| b == 0xaa),
+                    "gen_pq_streamed stayed in P {what}"
+                );
+                assert!(
+                    q[..qa].iter().chain(&q[qa + len..]).all(|&b| b == 0x55),
+                    "gen_pq_streamed stayed in Q {what}"
+                );
+                let mut p = vec![0xaau8; len + 64 + off];
+                let pa = p.as_ptr().align_offset(64) + off;
+                gen_p_streamed_with(kern, &data, &mut p[pa..pa + len]);
+                assert!(p[pa..pa + len] == rp[..], "gen_p_streamed {what}");
+
                 let mut dst = vec![0x11u8; len];
                 mul_into_with(kern, c, src, &mut dst);
                 assert!(dst == want_mul, "mul_into by {c} {what}");

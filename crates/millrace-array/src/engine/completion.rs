@@ -27,7 +27,7 @@ use millrace_io::{Batch, SharedBuf};
 
 use super::layout::ReadFrom;
 use super::parity_ring::RingWrite;
-use super::ring::{Drives, Sent, SentList};
+use super::ring::{Done, Drives, Sent, SentList};
 use super::unlogged::Ticket;
 use super::write::sector_span;
 use super::{Array, Result};
@@ -201,15 +201,22 @@ impl Array {
         } else {
             None
         };
-        let parity = self
-            .geo
-            .level
-            .is_parity()
-            .then(|| SharedBuf::new(self.full_stripe_parity(&buf)));
+        let (parity, placed) = if self.geo.level.is_parity() {
+            let (par, placed) = self.full_stripe_parity(&drives, offset, &buf);
+            (Some(par), placed)
+        } else {
+            (None, Done::default())
+        };
         let sb = SharedBuf::new(buf);
         let r = self
             .write_on_ring(&drives, offset, &sb, parity.as_ref(), fua, ticket)
             .await;
+        // Parity written in place is accounted after the ticket has gone (see `write_on_ring`).
+        self.account(&drives, &placed.sent, placed.results);
+        let r = match (r, self.offline_group()) {
+            (Ok(()), Some(e)) => Err(e.into()),
+            (r, _) => r,
+        };
         (
             r,
             sb.try_unwrap()
@@ -314,7 +321,7 @@ impl Array {
         drives: &Drives,
         offset: u64,
         sb: &SharedBuf,
-        parity: Option<&SharedBuf>,
+        parity: Option<&StripeParity>,
         fua: bool,
         ticket: Option<Ticket>,
     ) -> io::Result<()> {
@@ -357,19 +364,36 @@ impl Array {
         }
     }
 
-    /// P (and Q) of every group of every row of a whole-row write, computed from its data.
-    fn full_stripe_parity(&self, data: &[u8]) -> IoBuf {
+    /// P (and Q) of every group of every row of a whole-row write, computed from its data:
+    /// straight into the parity members' pages where it can be (`parity_ring::parity_places`),
+    /// else into a buffer whose writes `parity_writes` adds to the batch. Called with the
+    /// write's ticket held (`unlogged`), since writing in place is writing.
+    fn full_stripe_parity(
+        &self,
+        drives: &Drives,
+        offset: u64,
+        data: &[u8],
+    ) -> (StripeParity, Done) {
         let geo = &self.geo;
         let (strip, k, np) = (geo.strip as usize, geo.group_data(), geo.level.parity());
         let fs = geo.full_stripe_bytes() as usize;
         let rows = data.len() / fs;
         let mut par = millrace_io::scratch(rows * geo.groups() * np * strip);
+        let mut placed = vec![false; rows * geo.groups()];
+        let mut done = Done::default();
         for r in 0..rows {
+            let row = offset / fs as u64 + r as u64;
             for g in 0..geo.groups() {
                 let at = r * fs + g * k * strip;
                 let srcs: Vec<&[u8]> = (0..k)
                     .map(|i| &data[at + i * strip..at + (i + 1) * strip])
                     .collect();
+                let layout = geo.group_layout(row, g);
+                if let Some(places) = self.parity_places(drives, row, &layout[k..]) {
+                    super::parity_ring::gen_in_place(&srcs, places, &layout[k..], &mut done);
+                    placed[r * geo.groups() + g] = true;
+                    continue;
+                }
                 let out = (r * geo.groups() + g) * np * strip;
                 let (p, q) = par[out..out + np * strip].split_at_mut(strip);
                 if np == 2 {
@@ -382,7 +406,8 @@ impl Array {
         self.stats
             .full_stripe_writes
             .fetch_add((rows * geo.groups()) as u64, Ordering::Relaxed);
-        par
+        let buf = SharedBuf::new(par);
+        (StripeParity { buf, placed }, done)
     }
 
     /// Adds the writes of `par` (from `full_stripe_parity`) to the batch.
@@ -390,7 +415,7 @@ impl Array {
         &self,
         drives: &Drives,
         offset: u64,
-        par: &SharedBuf,
+        par: &StripeParity,
         batch: &mut Batch,
         sent: &mut SentList,
         fua: bool,
@@ -398,11 +423,11 @@ impl Array {
         let geo = &self.geo;
         let (strip, k, np) = (geo.strip as usize, geo.group_data(), geo.level.parity());
         let fs = geo.full_stripe_bytes();
-        let rows = par.len() / (geo.groups() * np * strip);
+        let rows = par.buf.len() / (geo.groups() * np * strip);
         for r in 0..rows {
             let row = offset / fs + r as u64;
             let at = self.member_offset(row, 0);
-            for g in 0..geo.groups() {
+            for g in (0..geo.groups()).filter(|g| !par.placed[r * geo.groups() + g]) {
                 let layout = geo.group_layout(row, g);
                 for (j, &m) in layout[k..].iter().enumerate() {
                     let out = ((r * geo.groups() + g) * np + j) * strip;
@@ -410,7 +435,7 @@ impl Array {
                         batch,
                         Self::member_fd(drives, m),
                         at,
-                        par,
+                        &par.buf,
                         out..out + strip,
                         fua,
                     );
@@ -423,4 +448,11 @@ impl Array {
             }
         }
     }
+}
+
+/// The parity of a whole-row write: the buffer of the groups whose parity goes from it, and
+/// which (row, group) had theirs written in place instead.
+pub(super) struct StripeParity {
+    buf: SharedBuf,
+    placed: Vec<bool>,
 }

@@ -65,6 +65,9 @@ pub(super) struct Unit {
     log: Vec<usize>,
     /// The partial parity of each logged parity over [lo, hi), computed before the new data.
     partials: Vec<Vec<u8>>,
+    /// A full-stripe unit whose parity its writer computes straight into the parity members'
+    /// pages (`parity_ring`): `compute` leaves it alone, and it has no parity buffers.
+    pub(super) in_place: bool,
 }
 
 impl Unit {
@@ -129,6 +132,7 @@ pub(super) fn units<'p>(a: &Array, pieces: impl Iterator<Item = (usize, &'p Piec
                 missing: Vec::new(),
                 log: Vec::new(),
                 partials: Vec::new(),
+                in_place: false,
             });
         }
         let u = &mut units[ui];
@@ -264,6 +268,7 @@ pub(super) fn compute(a: &Array, units: &mut [Unit], data: Srcs) {
     let np = a.geo.level.parity();
     for u in units.iter_mut() {
         match u.plan {
+            Plan::Full if u.in_place => {}
             Plan::Full => {
                 // Every data strip's whole span is written: the partial parity is zero, and an
                 // empty one is logged as such (`crate::ppl`).
@@ -311,12 +316,20 @@ fn partial_rcw(u: &Unit, j: usize, k: usize) -> Vec<u8> {
 }
 
 fn compute_full(u: &mut Unit, data: Srcs, np: usize) {
+    let srcs = u.full_data(data, np);
     let k = u.layout.len() - np;
-    let mut srcs: Vec<&[u8]> = vec![&[]; k];
-    for w in &u.writes {
-        srcs[w.index] = w.data(data);
-    }
     gen_parity(&srcs, &mut u.span[k..], np);
+}
+
+impl Unit {
+    /// A full-stripe unit's data strips, in syndrome order.
+    pub(super) fn full_data<'a>(&self, data: Srcs<'a>, np: usize) -> Vec<&'a [u8]> {
+        let mut srcs: Vec<&[u8]> = vec![&[]; self.layout.len() - np];
+        for w in &self.writes {
+            srcs[w.index] = w.data(data);
+        }
+        srcs
+    }
 }
 
 fn compute_rmw(u: &mut Unit, data: Srcs, np: usize) {

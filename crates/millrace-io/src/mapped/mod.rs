@@ -279,20 +279,9 @@ pub enum Access {
     WriteRepaired,
 }
 
-/// Copies `len` bytes between the mapping of `fd` at `offset` and `buf` (into `buf` for a
-/// read). Some(len) when done; None when the operation must run by pread/pwrite instead: no
-/// mapping, a range past it, or a fault during (or before) the copy.
-///
-/// # Safety
-/// `buf..buf+len` is valid for the copy's direction and nothing else touches it meanwhile.
-pub(crate) unsafe fn copy(
-    fd: RawFd,
-    offset: u64,
-    buf: *mut u8,
-    len: usize,
-    access: Access,
-) -> Option<i64> {
-    let read = access == Access::Read;
+/// The slot of `fd`'s mapping, its base and where `offset` lies in it, when the mapping is
+/// whole and holds `len` bytes there.
+fn mapped_range(fd: RawFd, offset: u64, len: usize) -> Option<(&'static Slot, usize, usize)> {
     let i = fd_index(fd)?;
     let slot = SLOT_OF[i].load(Ordering::Acquire).checked_sub(1)? as usize;
     let s = &TABLE[slot];
@@ -307,6 +296,24 @@ pub(crate) unsafe fn copy(
     if base == 0 || start.checked_add(len)? > maplen {
         return None;
     }
+    Some((s, base, start))
+}
+
+/// Copies `len` bytes between the mapping of `fd` at `offset` and `buf` (into `buf` for a
+/// read). Some(len) when done; None when the operation must run by pread/pwrite instead: no
+/// mapping, a range past it, or a fault during (or before) the copy.
+///
+/// # Safety
+/// `buf..buf+len` is valid for the copy's direction and nothing else touches it meanwhile.
+pub(crate) unsafe fn copy(
+    fd: RawFd,
+    offset: u64,
+    buf: *mut u8,
+    len: usize,
+    access: Access,
+) -> Option<i64> {
+    let read = access == Access::Read;
+    let (s, base, start) = mapped_range(fd, offset, len)?;
     // SAFETY: set in `map`, freed only when the mapping is dropped (no I/O runs then).
     let known = unsafe { s.filled.load(Ordering::Acquire).as_ref() }?;
     if read && !known.all_known(offset, len) {
@@ -344,6 +351,80 @@ pub(crate) unsafe fn copy(
         known.wrote(offset, len);
     }
     Some(len as i64)
+}
+
+/// A range of a mapped drive file's pages, handed to its writer to write in place on the terms
+/// of [`Access::WriteRepaired`] (a sector torn by a kill is repaired before anything reads it):
+/// the array computes parity straight into its members, which saves computing it into a buffer
+/// and copying that in (9% of the core in 128K RAID6 writes). Finish it with [`Place::finish`].
+pub struct Place {
+    fd: RawFd,
+    offset: u64,
+    at: *mut u8,
+    len: usize,
+    slot: &'static Slot,
+}
+
+// SAFETY: a range of a shared mapping that only its holder writes (see `place`).
+unsafe impl Send for Place {}
+
+/// The pages of `len` bytes at `offset` of the mapped `fd`, for a write in place on
+/// [`Access::WriteRepaired`]'s terms. None where the write must go from a buffer instead: no
+/// mapping, a range past it, or a broken one. The caller holds the range for itself (the
+/// array's row lock) until it finishes; the drive file is this process's alone.
+pub fn place(fd: RawFd, offset: u64, len: usize) -> Option<Place> {
+    let (s, base, start) = mapped_range(fd, offset, len)?;
+    Some(Place {
+        fd,
+        offset,
+        at: (base + start) as *mut u8,
+        len,
+        slot: s,
+    })
+}
+
+impl Place {
+    /// The range's pages, to be written whole: what they held before is the file's old data.
+    /// A fault while they are written (the file shrank, or tmpfs is full at a page never
+    /// written) puts an anonymous page in the faulting one's place, so the write finishes in
+    /// memory and `finish` then writes it to the file by pwrite.
+    pub fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: within the mapping (checked in `place`), which outlives every operation on
+        // its drive; only this holder writes the range meanwhile (`place`'s contract).
+        unsafe { std::slice::from_raw_parts_mut(self.at, self.len) }
+    }
+
+    /// Bytes in the range.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the range is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The range is written: Ok(len) once the file has it (in its pages, or by pwrite from
+    /// them where the mapping broke meanwhile); Err where the file took no write.
+    pub fn finish(self) -> std::io::Result<usize> {
+        if self.slot.broken.load(Ordering::SeqCst) {
+            // SAFETY: the range is readable, anonymous pages where faults were.
+            let bytes = unsafe { std::slice::from_raw_parts(self.at.cast_const(), self.len) };
+            if pwrite_all(self.fd, bytes, self.offset) {
+                return Ok(self.len);
+            }
+            let e = std::io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(0) | None => std::io::ErrorKind::WriteZero.into(),
+                Some(_) => e,
+            });
+        }
+        // SAFETY: set in `map`, freed only when the mapping is dropped (no I/O runs then).
+        if let Some(known) = unsafe { self.slot.filled.load(Ordering::Acquire).as_ref() } {
+            known.wrote(self.offset, self.len);
+        }
+        Ok(self.len)
+    }
 }
 
 /// Writes `src` at `offset` of the drive `fd`, mapped at `at`, so that a kill meanwhile leaves
@@ -640,6 +721,35 @@ mod tests {
         let p = m.lend(4096, 4096).expect("written whole, so filled");
         // SAFETY: the mapping lives on.
         assert_eq!(unsafe { *p.as_ptr() }, 0x11);
+    }
+
+    #[test]
+    fn a_place_written_in_the_mapping_is_the_files_and_fills_its_chunks() {
+        use std::os::unix::fs::FileExt;
+        let Ok(f) = tempfile::tempfile_in("/dev/shm") else {
+            return;
+        };
+        let len = 256 * 1024;
+        f.set_len(len as u64).unwrap();
+        let fd = f.as_raw_fd();
+        let m = map(fd, len as u64, None).expect("a tmpfs file maps");
+        assert!(place(fd, 250 * 1024, 8192).is_none(), "past the mapping");
+        assert!(
+            place(fd, u64::MAX - 10, 4096).is_none(),
+            "an offset that overflows"
+        );
+        assert!(m.lend(64 * 1024, 64 * 1024).is_none(), "a hole is not lent");
+        let mut p = place(fd, 64 * 1024, 64 * 1024).expect("a range of the mapping");
+        assert_eq!(p.len(), 64 * 1024);
+        p.bytes().fill(0x5a);
+        assert_eq!(p.finish().unwrap(), 64 * 1024);
+        let mut got = vec![0u8; 64 * 1024];
+        f.read_exact_at(&mut got, 64 * 1024).unwrap();
+        assert!(got.iter().all(|&b| b == 0x5a), "the file has the bytes");
+        assert!(
+            m.lend(64 * 1024, 64 * 1024).is_some(),
+            "the range written in place is known filled"
+        );
     }
 
     #[test]
