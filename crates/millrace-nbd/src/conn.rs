@@ -1,6 +1,7 @@
 //! One connection, on the core it was placed on: the handshake, then the transmission phase.
 //! The reader loop parses requests; each takes one buffer from the server's pool (the global
-//! bound on payload memory), a write's payload is received straight into it, and the request
+//! bound on payload memory) unless it is a read the device lends its own bytes for, a write's
+//! payload is received straight into it, and the request
 //! then runs in the reader as far as it can without waiting, and as a task of its own on this
 //! core (`spawn_local`) if it must wait, so many are in flight at once and replies leave in
 //! completion order. What one connection and one client may hold is
@@ -16,7 +17,7 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use millrace_io::share::charge;
-use millrace_io::{BufPool, IoBuf, Share};
+use millrace_io::{BufPool, Share};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{watch, Mutex, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
@@ -24,7 +25,7 @@ use tracing::{debug, info, warn};
 use crate::datapath::client_key;
 use crate::handshake::{negotiate, Session};
 use crate::proto::*;
-use crate::request::{check, flush, run, send_error, Shared, BATCH_MAX};
+use crate::request::{check, flush, run, send_error, Payload, Shared, BATCH_MAX};
 use crate::{Admitted, Counters, Inner, Peer};
 
 /// Releases the connection's place in the open-connection counts when it ends, however it ends.
@@ -267,7 +268,7 @@ async fn next<R, W>(
     bounds: &Bounds,
     pool: &BufPool,
     max_payload: u32,
-) -> Result<Option<(Held, Option<IoBuf>)>, Stop>
+) -> Result<Option<(Held, Option<Payload>)>, Stop>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -300,6 +301,14 @@ where
     if !data {
         return Ok(Some((held, None)));
     }
+    // A read the device lends needs no pool buffer: were the pool short, it would wait for one
+    // it never uses.
+    if req.kind == CMD_READ && millrace_io::lend_reads() {
+        let dev = s.entry.export.dev.as_ref();
+        if let Some(lent) = dev.lend(req.offset, req.len as usize) {
+            return Ok(Some((held, Some(Payload::Lent(lent)))));
+        }
+    }
     let mut buf = match pool.get(req.len as usize).await {
         Ok(b) => b,
         Err(e) => {
@@ -328,5 +337,5 @@ where
             }
         }
     }
-    Ok(Some((held, Some(buf))))
+    Ok(Some((held, Some(Payload::Buf(buf)))))
 }

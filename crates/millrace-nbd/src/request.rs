@@ -131,21 +131,32 @@ fn counters<W>(sh: &Shared<W>) -> [&Counters; 2] {
     [&sh.inner.counters, &sh.entry.counters]
 }
 
-/// Serves one checked request and sends its reply. `buf` is the request's pool buffer (a
-/// write's payload, already received; a read's destination), None for commands without data.
+/// A request's data: its pool buffer (a write's payload, already received; a read's
+/// destination), or for a read the device's own bytes, lent (`BlockDevice::lend`).
+pub(crate) enum Payload {
+    Buf(IoBuf),
+    Lent(Lent),
+}
+
+/// Serves one checked request and sends its reply. `data` is None for commands without data.
 pub(crate) async fn run<W: AsyncWrite + Unpin>(
     sh: &Shared<W>,
     dev: &dyn BlockDevice,
     req: Request,
-    buf: Option<IoBuf>,
+    data: Option<Payload>,
 ) {
     for c in counters(sh) {
         Counters::add(&c.ops, 1);
     }
-    match (req.kind, buf) {
-        (CMD_READ, Some(buf)) => read(sh, dev, req, buf).await,
+    match (req.kind, data) {
+        (CMD_READ, Some(data)) => read(sh, dev, req, data).await,
         (CMD_BLOCK_STATUS, _) => block_status(sh, dev, req).await,
-        (kind, buf) => {
+        (kind, data) => {
+            let buf = match data {
+                Some(Payload::Buf(b)) => Some(b),
+                // Lent only for reads.
+                Some(Payload::Lent(_)) | None => None,
+            };
             let res = change(dev, &req, buf).await;
             match res {
                 Ok(()) => {
@@ -241,26 +252,19 @@ async fn change(dev: &dyn BlockDevice, req: &Request, buf: Option<IoBuf>) -> Res
     Ok(())
 }
 
-/// A read: sent behind its header from the device's own bytes where it lends them (drive
-/// files in memory: no copy but the kernel's into the socket), else from the pool buffer the
-/// device fills.
+/// A read: sent behind its header from the device's own bytes where it lent them (drive files
+/// in memory: no copy but the kernel's into the socket), else from the pool buffer the device
+/// fills.
 async fn read<W: AsyncWrite + Unpin>(
     sh: &Shared<W>,
     dev: &dyn BlockDevice,
     req: Request,
-    buf: IoBuf,
+    data: Payload,
 ) {
     let (off, len) = (req.offset, req.len);
-    let lent = match millrace_io::lend_reads() {
-        true => dev.lend(off, len as usize),
-        false => None,
-    };
-    let data = match lent {
-        Some(lent) => {
-            drop(buf);
-            lent
-        }
-        None => {
+    let data = match data {
+        Payload::Lent(lent) => lent,
+        Payload::Buf(buf) => {
             let (res, buf) = dev.read_async(off, buf).await;
             if let Err(e) = res {
                 drop(buf);
