@@ -257,20 +257,8 @@ fn a_member_file_truncated_under_its_mapping_fails_the_member_not_the_process() 
     let (pool, cores) = start_cores(1, 8 << 20);
     let size = rig.array.size_bytes() as usize;
     let data = pattern(7, size);
-    let write = Op::Write {
-        at: 0.0,
-        len: size,
-        seed: 7,
-        whole: true,
-        fua: false,
-    };
-    run_round(&cores, &pool, &rig.array, &[(write, (0, size))]);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&rig.files[1])
-        .unwrap()
-        .set_len(4096)
-        .unwrap();
+    run_round(&cores, &pool, &rig.array, &[whole_write(7, size)]);
+    shrink(&rig.files[1]);
     let got = run_round(
         &cores,
         &pool,
@@ -299,28 +287,13 @@ fn parity_computed_in_a_truncated_members_pages_lands_by_pwrite() {
     };
     let (pool, cores) = start_cores(2, 8 << 20);
     let size = rig.array.size_bytes() as usize;
-    let whole = |seed| {
-        let op = Op::Write {
-            at: 0.0,
-            len: size,
-            seed,
-            whole: true,
-            fua: false,
-        };
-        (op, (0, size))
-    };
-    run_round(&cores, &pool, &rig.array, &[whole(7)]);
+    run_round(&cores, &pool, &rig.array, &[whole_write(7, size)]);
     let placed = repaired(&cores);
     // 16 rows, two parities each.
     assert!(placed >= 32, "parity went into the mappings ({placed})");
     rig.check_redundancy().unwrap();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&rig.files[1])
-        .unwrap()
-        .set_len(4096)
-        .unwrap();
-    run_round(&cores, &pool, &rig.array, &[whole(8)]);
+    shrink(&rig.files[1]);
+    run_round(&cores, &pool, &rig.array, &[whole_write(8, size)]);
     drop(cores);
     assert!(
         rig.logical_from_drives() == pattern(8, size),
@@ -343,14 +316,7 @@ fn healthy_ranges_are_lent_piece_by_piece_with_the_pools_bytes() {
         let (pool, cores) = start_cores(1, 8 << 20);
         let size = rig.array.size_bytes() as usize;
         let data = pattern(11, size);
-        let write = Op::Write {
-            at: 0.0,
-            len: size,
-            seed: 11,
-            whole: true,
-            fua: false,
-        };
-        run_round(&cores, &pool, &rig.array, &[(write, (0, size))]);
+        run_round(&cores, &pool, &rig.array, &[whole_write(11, size)]);
         let a = rig.array.clone();
         let lent = cores
             .spawn_on(0, move || async move {
@@ -521,6 +487,29 @@ fn parity_torn_in_a_mapping_lies_in_a_marked_row_and_resync_repairs_it() {
                 .unwrap_or_else(|e| panic!("{level}: after the resync, {e}"));
         }
     }
+}
+
+/// Truncates a member file behind the pool's back to one page (a drive that lies about its
+/// size).
+fn shrink(file: &std::path::Path) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(file)
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+}
+
+/// A write of the pool's first `size` bytes, pattern `seed`, in one request.
+fn whole_write(seed: u64, size: usize) -> (Op, (usize, usize)) {
+    let op = Op::Write {
+        at: 0.0,
+        len: size,
+        seed,
+        whole: true,
+        fua: false,
+    };
+    (op, (0, size))
 }
 
 /// Parity writes the cores copied into member files' mappings (`Batch::write_repaired`).

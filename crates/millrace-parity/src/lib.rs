@@ -296,56 +296,49 @@ fn xor_into_ops(ops: &Ops, dst: &mut [u8], src: &[u8]) {
 
 /// p = XOR of all data (zeros for no data)
 pub fn gen_p(data: &[&[u8]], p: &mut [u8]) {
-    gen_p_ops(ops(), data, p)
+    gen_p_ops(ops(), data, p, false)
 }
 
-fn gen_p_ops(ops: &Ops, data: &[&[u8]], p: &mut [u8]) {
+/// gen_p, its stores streamed past the caches (and fenced) with `streamed`.
+fn gen_p_ops(ops: &Ops, data: &[&[u8]], p: &mut [u8], streamed: bool) {
+    let f = if streamed { ops.gen_p_nt } else { ops.gen_p };
     with_ptrs(data, p.len(), |src, len| {
         // SAFETY: every buffer holds at least len bytes.
-        unsafe { (ops.gen_p)(src, p.as_mut_ptr(), len) }
-    })
+        unsafe { f(src, p.as_mut_ptr(), len) }
+    });
+    if streamed {
+        fence_streams();
+    }
 }
 
 /// p = XOR of the data, q = sum g^j * data[j] (md / ISA-L pq_gen order; zeros for no data).
 pub fn gen_pq(data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
-    gen_pq_ops(ops(), data, p, q)
+    gen_pq_ops(ops(), data, p, q, false)
 }
 
-fn gen_pq_ops(ops: &Ops, data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
+/// gen_pq, its stores streamed past the caches (and fenced) with `streamed`.
+fn gen_pq_ops(ops: &Ops, data: &[&[u8]], p: &mut [u8], q: &mut [u8], streamed: bool) {
     debug_assert_eq!(p.len(), q.len(), "parity buffers differ in length");
+    let f = if streamed { ops.gen_pq_nt } else { ops.gen_pq };
     with_ptrs(data, p.len().min(q.len()), |src, len| {
         // SAFETY: every buffer holds at least len bytes.
-        unsafe { (ops.gen_pq)(src, p.as_mut_ptr(), q.as_mut_ptr(), len) }
-    })
+        unsafe { f(src, p.as_mut_ptr(), q.as_mut_ptr(), len) }
+    });
+    if streamed {
+        fence_streams();
+    }
 }
 
 /// gen_pq with P and Q stored past the caches: for parity computed straight into memory that
 /// is written once and not read again soon (a member drive file's pages), whose lines then need
 /// not be read in before they are overwritten. The stores are fenced before it returns.
 pub fn gen_pq_streamed(data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
-    gen_pq_streamed_ops(ops(), data, p, q)
-}
-
-fn gen_pq_streamed_ops(ops: &Ops, data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
-    debug_assert_eq!(p.len(), q.len(), "parity buffers differ in length");
-    with_ptrs(data, p.len().min(q.len()), |src, len| {
-        // SAFETY: every buffer holds at least len bytes.
-        unsafe { (ops.gen_pq_nt)(src, p.as_mut_ptr(), q.as_mut_ptr(), len) }
-    });
-    fence_streams();
+    gen_pq_ops(ops(), data, p, q, true)
 }
 
 /// gen_p with P stored past the caches (see `gen_pq_streamed`).
 pub fn gen_p_streamed(data: &[&[u8]], p: &mut [u8]) {
-    gen_p_streamed_ops(ops(), data, p)
-}
-
-fn gen_p_streamed_ops(ops: &Ops, data: &[&[u8]], p: &mut [u8]) {
-    with_ptrs(data, p.len(), |src, len| {
-        // SAFETY: every buffer holds at least len bytes.
-        unsafe { (ops.gen_p_nt)(src, p.as_mut_ptr(), len) }
-    });
-    fence_streams();
+    gen_p_ops(ops(), data, p, true)
 }
 
 /// Orders streamed stores before every later store: they are weakly ordered, and the output
@@ -360,12 +353,12 @@ fn fence_streams() {
 
 /// gen_pq_streamed on a chosen kernel. Panics if `kernel` is not available.
 pub fn gen_pq_streamed_with(kernel: Kernel, data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
-    gen_pq_streamed_ops(&kernel.ops(), data, p, q)
+    gen_pq_ops(&kernel.ops(), data, p, q, true)
 }
 
 /// gen_p_streamed on a chosen kernel. Panics if `kernel` is not available.
 pub fn gen_p_streamed_with(kernel: Kernel, data: &[&[u8]], p: &mut [u8]) {
-    gen_p_streamed_ops(&kernel.ops(), data, p)
+    gen_p_ops(&kernel.ops(), data, p, true)
 }
 
 fn mul_ops(ops: &Ops, c: u8, src: &[u8], dst: &mut [u8], accumulate: bool) {
@@ -388,12 +381,12 @@ pub fn mul_xor_into(c: u8, src: &[u8], dst: &mut [u8]) {
 
 /// gen_pq on a chosen kernel. Panics if `kernel` is not available (see `available_kernels`).
 pub fn gen_pq_with(kernel: Kernel, data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
-    gen_pq_ops(&kernel.ops(), data, p, q)
+    gen_pq_ops(&kernel.ops(), data, p, q, false)
 }
 
 /// gen_p on a chosen kernel. Panics if `kernel` is not available.
 pub fn gen_p_with(kernel: Kernel, data: &[&[u8]], p: &mut [u8]) {
-    gen_p_ops(&kernel.ops(), data, p)
+    gen_p_ops(&kernel.ops(), data, p, false)
 }
 
 /// xor_into on a chosen kernel. Panics if `kernel` is not available.
@@ -434,7 +427,7 @@ fn raid5_recover_ops(ops: &Ops, strips: &mut [&mut [u8]], missing: usize) {
             .filter(|&(i, _)| i != missing)
             .map(|(_, s)| &s[..])
             .collect();
-        gen_p_ops(ops, &others, target);
+        gen_p_ops(ops, &others, target, false);
     }
     strips[missing] = target;
 }

@@ -378,7 +378,8 @@ impl Array {
         let (strip, k, np) = (geo.strip as usize, geo.group_data(), geo.level.parity());
         let fs = geo.full_stripe_bytes() as usize;
         let rows = data.len() / fs;
-        let mut par = millrace_io::scratch(rows * geo.groups() * np * strip);
+        // Taken at the first group whose parity cannot go in place: none where all can.
+        let mut par: Option<IoBuf> = None;
         let mut placed = vec![false; rows * geo.groups()];
         let mut done = Done::default();
         for r in 0..rows {
@@ -395,6 +396,8 @@ impl Array {
                     continue;
                 }
                 let out = (r * geo.groups() + g) * np * strip;
+                let par = par
+                    .get_or_insert_with(|| millrace_io::scratch(rows * geo.groups() * np * strip));
                 let (p, q) = par[out..out + np * strip].split_at_mut(strip);
                 if np == 2 {
                     millrace_parity::gen_pq(&srcs, p, q);
@@ -406,7 +409,7 @@ impl Array {
         self.stats
             .full_stripe_writes
             .fetch_add((rows * geo.groups()) as u64, Ordering::Relaxed);
-        let buf = SharedBuf::new(par);
+        let buf = par.map(SharedBuf::new);
         (StripeParity { buf, placed }, done)
     }
 
@@ -423,7 +426,11 @@ impl Array {
         let geo = &self.geo;
         let (strip, k, np) = (geo.strip as usize, geo.group_data(), geo.level.parity());
         let fs = geo.full_stripe_bytes();
-        let rows = par.buf.len() / (geo.groups() * np * strip);
+        let Some(buf) = &par.buf else {
+            // Every group's parity went in place.
+            return;
+        };
+        let rows = par.placed.len() / geo.groups();
         for r in 0..rows {
             let row = offset / fs + r as u64;
             let at = self.member_offset(row, 0);
@@ -435,7 +442,7 @@ impl Array {
                         batch,
                         Self::member_fd(drives, m),
                         at,
-                        &par.buf,
+                        buf,
                         out..out + strip,
                         fua,
                     );
@@ -450,9 +457,9 @@ impl Array {
     }
 }
 
-/// The parity of a whole-row write: the buffer of the groups whose parity goes from it, and
-/// which (row, group) had theirs written in place instead.
+/// The parity of a whole-row write: the buffer of the groups whose parity goes from it (None
+/// where every group's went in place), and which (row, group) had theirs written in place.
 pub(super) struct StripeParity {
-    buf: SharedBuf,
+    buf: Option<SharedBuf>,
     placed: Vec<bool>,
 }

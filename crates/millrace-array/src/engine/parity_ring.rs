@@ -5,7 +5,7 @@
 use millrace_io::mapped::Place;
 use millrace_io::{Batch, IoBuf, SharedBuf};
 
-use super::parity_write::{compute, plan, units, Plan, Unit};
+use super::parity_write::{choose, compute, give_buffers, units, Plan, Unit};
 use super::ring::{Done, Drives, Sent, SentList};
 use super::unlogged::Ticket;
 use super::{Array, Pieces, Result};
@@ -84,13 +84,17 @@ pub(super) async fn write_on_ring(
     let mut units = units(a, tagged);
     let mut places = Vec::with_capacity(units.len());
     for u in units.iter_mut() {
-        plan(a, u)?;
+        choose(a, u)?;
         if matches!(u.plan, Plan::Rebuild) {
             // A member left service since the request was placed: the blocking engine (and its
             // log) handles degraded writes.
             return Ok(false);
         }
-        places.push(parity_places(a, drives, u));
+        let placed = unit_places(a, drives, u);
+        if placed.is_none() {
+            give_buffers(a, u);
+        }
+        places.push(placed);
     }
     let reads: Vec<(usize, u64, Slot)> = units
         .iter()
@@ -156,22 +160,19 @@ pub(super) async fn write_on_ring(
 }
 
 /// The parity members' pages of a full-stripe unit, where parity can be computed straight into
-/// them (`Array::parity_places`); then the unit is marked `in_place` and gives back its parity
-/// buffers. None: its parity goes from buffers.
-fn parity_places(a: &Array, drives: &Drives, u: &mut Unit) -> Option<Vec<Place>> {
+/// them (`Array::parity_places`); then the unit is marked `in_place`, and needs no buffers.
+/// None: its parity goes from buffers.
+fn unit_places(a: &Array, drives: &Drives, u: &mut Unit) -> Option<Vec<Place>> {
     if !matches!(u.plan, Plan::Full) {
         return None;
     }
     let k = a.geo.group_data();
     let places = a.parity_places(drives, u.row, &u.layout[k..])?;
     u.in_place = true;
-    for s in &mut u.span[k..] {
-        *s = None;
-    }
     Some(places)
 }
 
-/// Computes the parity of each `in_place` unit into its members' pages (`parity_places`): the
+/// Computes the parity of each `in_place` unit into its members' pages (`unit_places`): the
 /// operations done, with their results, for the batch's accounts.
 fn write_in_place(
     a: &Array,

@@ -151,6 +151,13 @@ pub(super) fn units<'p>(a: &Array, pieces: impl Iterator<Item = (usize, &'p Piec
 
 /// Chooses the unit's plan and gives it the buffers the plan needs.
 pub(super) fn plan(a: &Array, u: &mut Unit) -> Result<()> {
+    choose(a, u)?;
+    give_buffers(a, u);
+    Ok(())
+}
+
+/// Chooses the unit's plan (`plan` without the buffers).
+pub(super) fn choose(a: &Array, u: &mut Unit) -> Result<()> {
     let k = a.geo.group_data();
     let np = a.geo.level.parity();
     let span = u.span_len();
@@ -181,7 +188,6 @@ pub(super) fn plan(a: &Array, u: &mut Unit) -> Result<()> {
             Plan::Rcw
         }
     };
-    let n = u.layout.len();
     let stat = match u.plan {
         Plan::Full => &a.stats.full_stripe_writes,
         Plan::Rmw => &a.stats.rmw_writes,
@@ -189,6 +195,14 @@ pub(super) fn plan(a: &Array, u: &mut Unit) -> Result<()> {
         Plan::Rebuild => &a.stats.degraded_writes,
     };
     stat.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Gives the unit the buffers its plan needs: spans by layout position, old data for a
+/// read-modify-write.
+pub(super) fn give_buffers(a: &Array, u: &mut Unit) {
+    let k = a.geo.group_data();
+    let (n, span) = (u.layout.len(), u.span_len());
     let needs: Vec<bool> = (0..n)
         .map(|i| match u.plan {
             Plan::Full | Plan::Rmw => i >= k,
@@ -207,7 +221,6 @@ pub(super) fn plan(a: &Array, u: &mut Unit) -> Result<()> {
             .map(|w| Some(millrace_io::scratch(w.len)))
             .collect();
     }
-    Ok(())
 }
 
 /// The parities a unit logs: as many as it has data strips on members out of service (each

@@ -356,7 +356,7 @@ pub(crate) unsafe fn copy(
 /// A range of a mapped drive file's pages, handed to its writer to write in place on the terms
 /// of [`Access::WriteRepaired`] (a sector torn by a kill is repaired before anything reads it):
 /// the array computes parity straight into its members, which saves computing it into a buffer
-/// and copying that in (9% of the core in 128K RAID6 writes). Finish it with [`Place::finish`].
+/// and copying that in (6-10% of the core in 128K RAID6 writes). Finish it with [`Place::finish`].
 pub struct Place {
     fd: RawFd,
     offset: u64,
