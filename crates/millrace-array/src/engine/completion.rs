@@ -157,8 +157,10 @@ impl Array {
         self.stats
             .write_bytes
             .fetch_add(len as u64, Ordering::Relaxed);
+        // The parity-only branches' futures are boxed: inline they made every write's future
+        // (RAID0's and mirrors' too) 3.9 KiB, which Box::pin in `write_async` copied per write.
         if self.merges(offset, len) {
-            return self.write_merging(offset, buf, fua).await;
+            return Box::pin(self.write_merging(offset, buf, fua)).await;
         }
         let (a0, a1) = sector_span(offset, len);
         let _g = if millrace_io::on_ring() {
@@ -176,7 +178,7 @@ impl Array {
         {
             self.mark_intent(a0, a1);
             let r;
-            (r, buf) = self.partial_on_ring(d, offset, buf, fua).await;
+            (r, buf) = Box::pin(self.partial_on_ring(d, offset, buf, fua)).await;
             match r {
                 Ok(true) => return (Ok(()), buf),
                 Err(e) => return (Err(e.into()), buf),
@@ -462,4 +464,35 @@ impl Array {
 pub(super) struct StripeParity {
     buf: Option<SharedBuf>,
     placed: Vec<bool>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::drive::{Drive, MemDrive};
+    use crate::superblock::MemberState;
+
+    /// `write_async` boxes a write's whole future and Box::pin copies it in: the parity-only
+    /// branches (merging, partial rows) are boxed on their own so that they do not make every
+    /// level's write carry their state (3.9 KiB inline, against 1.6 KiB without them).
+    #[test]
+    fn a_writes_future_does_not_carry_the_parity_branches_inline() {
+        let mems: Vec<Arc<dyn Drive>> = (0..4)
+            .map(|i| Arc::new(MemDrive::new(format!("m{i}"), 8192 + (1 << 20))) as Arc<dyn Drive>)
+            .collect();
+        let geo = crate::Geometry::new(crate::Level::Raid0, 4, None, 65536, 1 << 20).unwrap();
+        let a = Array::new(geo, 8192, mems, &[MemberState::Online; 4]);
+        let write = std::mem::size_of_val(&a.write_owned(0, IoBuf::standalone(4096), false));
+        let merging = std::mem::size_of_val(&a.write_merging(0, IoBuf::standalone(4096), false));
+        let partial = std::mem::size_of_val(&a.partial_on_ring(
+            &Drives::default(),
+            0,
+            IoBuf::standalone(4096),
+            false,
+        ));
+        assert!(
+            write < merging && write < partial,
+            "a write's future is {write} bytes, the branches' {merging} and {partial}"
+        );
+    }
 }

