@@ -14,9 +14,10 @@
 # tree (build/bin/nvmf_tgt, build/bin/spdk_nvme_perf, scripts/rpc.py). Without it this script says
 # so and stops: the initiator is SPDK's too, so there is nothing to compare without it.
 # Timing: run it on a quiet machine (nothing else compiling), as root (SPDK without hugepages).
-# ROUNDS=N runs each row N times in a row and keeps the best round of each target (every round
-# is printed): this machine has slow spells that last a whole run, for either target. RAID6 and
-# RAID0 take turns instead, round by round.
+# ROUNDS=N runs every target N times, taking turns round by round (Millrace, then each SPDK
+# peer, each started afresh), and keeps the best round of each target for each row (every round
+# is printed): this machine has slow spells that last minutes, and taking turns lets them fall on
+# both sides. RAID6 and RAID0 take turns the same way.
 # Usage: SPDK_DIR=/path/to/spdk [ROUNDS=N] scripts/bench-nvmf-spdk.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +39,7 @@ source scripts/bench-lib.sh
 [[ -n ${MILLRACE_BIN:-} ]] || cargo build --release -q -p millrace-cli
 perf=$spdk/build/bin/spdk_nvme_perf
 host=nqn.2014-08.org.nvmexpress:uuid:6d696c6c-7261-6365-0000-62656e636830
+nqn=nqn.2026-11.dev.millrace:bench.v
 tmp=$(mktemp -d)
 tgt=
 cleanup() {
@@ -68,9 +70,9 @@ declare -A iops_of cpu_of
 # whole run (docs/PERFORMANCE.md).
 beats() { [[ -z $2 ]] || awk -v a="$1" -v b="$2" 'BEGIN { exit !(a > b) }'; }
 
-# one side: PORT NQN PID SIDE (fills iops_of and cpu_of under "SIDE ROW")
+# one round of one side: PORT NQN PID SIDE ROUND (fills iops_of and cpu_of under "SIDE ROW")
 measure() {
-    local port=$1 nqn=$2 pid=$3 side=$4
+    local port=$1 nqn=$2 pid=$3 side=$4 k=$5
     local pass=$(( member_mib * 4 / 400 + 3 )) # seconds to go over the volume once
     run_perf "$port" "$nqn" write 1048576 8 "$pass" >/dev/null # fill
     # ... and read once: Millrace reads member files in memory through a mapping whose page
@@ -81,54 +83,55 @@ measure() {
     for row in "${rows[@]}"; do
         read -r w bs qd <<<"$row"
         run_perf "$port" "$nqn" "$w" "$bs" "$qd" 2 >/dev/null # warm
-        local k
-        for ((k = 1; k <= rounds; k++)); do
-            local t0 t1 c0 c1 iops cpu
-            t0=$(cpu_ticks "$pid"); c0=$(cpu_stat 0)
-            iops=$(run_perf "$port" "$nqn" "$w" "$bs" "$qd" "$secs")
-            c1=$(cpu_stat 0); t1=$(cpu_ticks "$pid")
-            local ios; ios=$(awk -v r="$iops" -v s="$secs" 'BEGIN { printf "%d", r * s }')
-            if [[ $side == mr ]]; then
-                cpu=$(us_per_io "$t0" "$t1" "$ios")
-            else
-                cpu=$(awk -v s="$secs" -v n="$ios" 'BEGIN { printf "%.1f", s * 1e6 / n }')
-            fi
-            read -r b0 a0 <<<"$c0"; read -r b1 a1 <<<"$c1"
-            # Did the target have CPU 0 to itself? Its own share of the core, and what else ran there.
-            local share
-            share=$(awk -v b=$((b1 - b0)) -v a=$((a1 - a0)) -v t=$((t1 - t0)) \
-                'BEGIN { o = 100 * (b - t) / a; if (o < 0) o = 0; printf "target %.0f%% of CPU 0, others %.0f%%", 100 * t / a, o }')
-            echo "  $side $row (round $k): $iops IOPS, $cpu us/I/O; $share" >&2
-            case $share in
-                *"others "[0-4]%)
-                    if beats "$iops" "${iops_of[$side $row]:-}"; then
-                        iops_of[$side $row]=$iops
-                        cpu_of[$side $row]=$cpu
-                    fi
-                    ;;
-                *) echo "  WARNING: CPU 0 was shared with other work; this round counts only if none is clean" >&2 ;;
-            esac
-        done
-        if [[ -z ${iops_of[$side $row]:-} ]]; then
-            iops_of[$side $row]=$iops
-            cpu_of[$side $row]=$cpu
+        local t0 t1 c0 c1 iops cpu
+        t0=$(cpu_ticks "$pid"); c0=$(cpu_stat 0)
+        iops=$(run_perf "$port" "$nqn" "$w" "$bs" "$qd" "$secs")
+        c1=$(cpu_stat 0); t1=$(cpu_ticks "$pid")
+        local ios; ios=$(awk -v r="$iops" -v s="$secs" 'BEGIN { printf "%d", r * s }')
+        if [[ $side == mr ]]; then
+            cpu=$(us_per_io "$t0" "$t1" "$ios")
+        else
+            cpu=$(awk -v s="$secs" -v n="$ios" 'BEGIN { printf "%.1f", s * 1e6 / n }')
         fi
+        read -r b0 a0 <<<"$c0"; read -r b1 a1 <<<"$c1"
+        # Did the target have CPU 0 to itself? Its own share of the core, and what else ran there.
+        local share
+        share=$(awk -v b=$((b1 - b0)) -v a=$((a1 - a0)) -v t=$((t1 - t0)) \
+            'BEGIN { o = 100 * (b - t) / a; if (o < 0) o = 0; printf "target %.0f%% of CPU 0, others %.0f%%", 100 * t / a, o }')
+        echo "  $side $row (round $k): $iops IOPS, $cpu us/I/O; $share" >&2
+        case $share in
+            *"others "[0-4]%)
+                if beats "$iops" "${iops_of[$side $row]:-}"; then
+                    iops_of[$side $row]=$iops
+                    cpu_of[$side $row]=$cpu
+                fi
+                ;;
+            *)
+                echo "  WARNING: CPU 0 was shared with other work; this round counts only if none is clean" >&2
+                if [[ $k == "$rounds" && -z ${iops_of[$side $row]:-} ]]; then
+                    iops_of[$side $row]=$iops
+                    cpu_of[$side $row]=$cpu
+                fi
+                ;;
+        esac
     done
 }
 
-echo "Millrace (RAID0, 4 x ${member_mib} MiB in /dev/shm), target on CPU 0, initiator on CPU 1" >&2
-start_millrace "$tmp/home" 0 raid0 4 "${member_mib}M" --nvme 127.0.0.1:4420 --discovery-port 8019 --api 127.0.0.1:8749
-"$m" export nvme add bench/v --host "$host" >/dev/null
-nqn=nqn.2026-11.dev.millrace:bench.v
-echo "  server pinned to CPUs $(pinned_to "$server")" >&2
-measure 4420 "$nqn" "$server" mr
-stop_millrace
+# Millrace (RAID0, 4 members in /dev/shm), started afresh for the round
+measure_millrace() {
+    echo "Millrace (RAID0, 4 x ${member_mib} MiB in /dev/shm), target on CPU 0, initiator on CPU 1 (round $1)" >&2
+    start_millrace "$tmp/home-$1" 0 raid0 4 "${member_mib}M" --nvme 127.0.0.1:4420 --discovery-port 8019 --api 127.0.0.1:8749
+    "$m" export nvme add bench/v --host "$host" >/dev/null
+    echo "  server pinned to CPUs $(pinned_to "$server")" >&2
+    measure 4420 "$nqn" "$server" mr "$1"
+    stop_millrace
+}
 
-# measure_spdk KIND: SPDK's nvmf_tgt over a RAID0 bdev of 4 members of KIND (malloc: RAM
+# measure_spdk KIND ROUND: SPDK's nvmf_tgt over a RAID0 bdev of 4 members of KIND (malloc: RAM
 # bdevs; files: AIO bdevs on drive files in /dev/shm, as Millrace's), reactor on CPU 0.
 measure_spdk() {
     local kind=$1 sock=$tmp/spdk.sock members=() i
-    echo "SPDK nvmf_tgt (RAID0 bdev over 4 x ${member_mib} MiB $kind members), reactor on CPU 0" >&2
+    echo "SPDK nvmf_tgt (RAID0 bdev over 4 x ${member_mib} MiB $kind members), reactor on CPU 0 (round $2)" >&2
     local mem=1024
     [[ $kind == malloc ]] && mem=$(( member_mib * 4 + 1024 ))
     rm -f "$sock"
@@ -154,11 +157,18 @@ measure_spdk() {
     rpc nvmf_subsystem_add_ns "$spdk_nqn" r0
     rpc nvmf_subsystem_add_listener "$spdk_nqn" -t tcp -f ipv4 -a 127.0.0.1 -s 4421
     echo "  nvmf_tgt pinned to CPUs $(pinned_to "$tgt")" >&2
-    measure 4421 "$spdk_nqn" "$tgt" "$kind"
+    measure 4421 "$spdk_nqn" "$tgt" "$kind" "$2"
     kill "$tgt"; wait "$tgt" 2>/dev/null || true; tgt=
     rm -f /dev/shm/millrace-bench-$$-spdk-*.img
 }
-for kind in $peers; do measure_spdk "$kind"; done
+
+# The targets take turns, round by round, each started afresh on fresh members: this machine's
+# slow spells last minutes, and with every round of one target run in a row a spell fell on one
+# side only (ratios moved by up to 39% between runs). Each row keeps the best round of each side.
+for ((k = 1; k <= rounds; k++)); do
+    measure_millrace "$k"
+    for kind in $peers; do measure_spdk "$kind" "$k"; done
+done
 
 echo "Millrace RAID6 against RAID0 over the same 6 members, 128K sequential writes at QD16" >&2
 # member_bytes read|write: bytes the members moved so far, all members together (the server's metrics)
