@@ -37,6 +37,6 @@ pub mod share;
 pub use buf::{lend_reads, IoBuf, Lent, ALIGN};
 pub use cores::{current_core, CoreTask, Cores, CoresConfig};
 pub use pool::{BufPool, PoolConfig, PoolUsage};
-pub use ring::{on_ring, place_repaired, Batch, OpKind, Results, SharedBuf};
+pub use ring::{on_ring, place_repaired, write_inline, Batch, OpKind, Results, SharedBuf};
 pub use scratch::scratch;
 pub use share::{Share, Shares};

@@ -187,6 +187,12 @@ impl Array {
             }
         }
         let drives = drives.filter(|_| !self.geo.level.is_parity() || whole_rows);
+        if let Some(d) = drives.as_ref().filter(|_| !self.geo.level.is_parity()) {
+            self.mark_intent(a0, a1);
+            if self.write_in_one_strip(d, offset, &buf) {
+                return (Ok(()), buf);
+            }
+        }
         let Some(drives) = drives else {
             let r = self.write_alone_recorded(offset, &buf, fua).await;
             return (r, buf);
@@ -224,6 +230,31 @@ impl Array {
             sb.try_unwrap()
                 .expect("every member operation has completed"),
         )
+    }
+
+    /// A write within one strip of a level without parity, its rows locked and marked, copied
+    /// into its members' files in memory here and now, as `write_on_ring` would in a batch. False where it was
+    /// not done whole (more than one strip, a member not in memory, a fault): `write_on_ring`
+    /// then writes it all again and accounts for what failed.
+    fn write_in_one_strip(&self, drives: &Drives, offset: u64, buf: &[u8]) -> bool {
+        let pieces = self.pieces(offset, buf.len());
+        let [p] = pieces.as_slice() else {
+            return false;
+        };
+        self.retire_log();
+        let loc = self.geo.locate(p.row, p.col);
+        let at = self.member_offset(p.row, p.s);
+        for m in self.geo.group_members(loc.group) {
+            let fd = Self::member_fd(drives, m);
+            if millrace_io::write_inline(fd, at, &buf[p.at..p.at + p.len]) != Some(p.len) {
+                return false;
+            }
+            let ms = &self.member_stats[m];
+            ms.write_ops.fetch_add(1, Ordering::Relaxed);
+            ms.write_bytes.fetch_add(p.len as u64, Ordering::Relaxed);
+        }
+        self.stats.full_stripe_writes.fetch_add(1, Ordering::Relaxed);
+        self.offline_group().is_none()
     }
 
     /// A parity write of less than whole rows on this core's ring; Ok(false): a member failed.
