@@ -244,11 +244,15 @@ impl Array {
         self.retire_log();
         let loc = self.geo.locate(p.row, p.col);
         let at = self.member_offset(p.row, p.s);
-        for m in self.geo.group_members(loc.group) {
+        let copies = self.geo.group_members(loc.group);
+        for m in copies.clone() {
             let fd = Self::member_fd(drives, m);
             if millrace_io::write_inline(fd, at, &buf[p.at..p.at + p.len]) != Some(p.len) {
                 return false;
             }
+        }
+        // Counted once all are in: a write redone by `write_on_ring` is counted there.
+        for m in copies {
             let ms = &self.member_stats[m];
             ms.write_ops.fetch_add(1, Ordering::Relaxed);
             ms.write_bytes.fetch_add(p.len as u64, Ordering::Relaxed);
