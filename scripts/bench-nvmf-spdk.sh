@@ -17,7 +17,8 @@
 # ROUNDS=N runs every target N times, taking turns round by round (Millrace, then each SPDK
 # peer, each started afresh), and keeps the best round of each target for each row (every round
 # is printed): this machine has slow spells that last minutes, and taking turns lets them fall on
-# both sides. RAID6 and RAID0 take turns the same way.
+# both sides. RAID6 and RAID0 take turns the same way. Beside each best-against-best ratio the
+# table gives the median of the rounds' own ratios (each round's two targets ran minutes apart).
 # Usage: SPDK_DIR=/path/to/spdk [ROUNDS=N] scripts/bench-nvmf-spdk.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,7 +64,21 @@ run_perf() {
 
 rows=("randread 4096 64" "randwrite 4096 64" "read 131072 16" "write 131072 16")
 # keyed by "SIDE ROW"; sides: mr (Millrace), malloc and files (SPDK over either kind of member)
-declare -A iops_of cpu_of
+declare -A iops_of cpu_of round_iops
+
+# median VALUES...: the middle value (the mean of the two middle ones for an even count)
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+# paired A B ROW: the median over rounds of side A's IOPS over side B's in the same round, the
+# figure a slow spell moves least (the two ran minutes apart, not a whole run apart)
+paired() {
+    local k rs=()
+    for ((k = 1; k <= rounds; k++)); do
+        [[ -n ${round_iops[$1 $3 $k]:-} && -n ${round_iops[$2 $3 $k]:-} ]] &&
+            rs+=("$(ratio "${round_iops[$1 $3 $k]}" "${round_iops[$2 $3 $k]}")")
+    done
+    ((${#rs[@]})) && median "${rs[@]}" || echo "-"
+}
 
 # beats IOPS BEST: whether a round's IOPS beat the best so far (none yet: any round does). The
 # best round stands for the row: this machine has slow spells that hit either target for a
@@ -99,6 +114,7 @@ measure() {
         share=$(awk -v b=$((b1 - b0)) -v a=$((a1 - a0)) -v t=$((t1 - t0)) \
             'BEGIN { o = 100 * (b - t) / a; if (o < 0) o = 0; printf "target %.0f%% of CPU 0, others %.0f%%", 100 * t / a, o }')
         echo "  $side $row (round $k): $iops IOPS, $cpu us/I/O; $share" >&2
+        round_iops[$side $row $k]=$iops
         case $share in
             *"others "[0-4]%)
                 if beats "$iops" "${iops_of[$side $row]:-}"; then
@@ -190,6 +206,7 @@ for ((k = 1; k <= rounds; k++)); do
         t1=$(cpu_ticks "$server"); r1=$(member_bytes read); w1=$(member_bytes write)
         cpu=$(us_per_io "$t0" "$t1" "$(awk -v r="$iops" -v s="$secs" 'BEGIN { printf "%d", r * s }')")
         echo "  $level (round $k): $iops IOPS, $cpu us/I/O; members wrote $(per_byte "$w0" "$w1") and read $(per_byte "$r0" "$r1") bytes per byte written" >&2
+        round_iops[$level six $k]=$iops
         if beats "$iops" "${six[$level]:-}"; then
             six[$level]=$iops
             six_cpu[$level]=$cpu
@@ -201,7 +218,7 @@ done
 echo
 head="| workload | queue depth | Millrace IOPS"
 line="|---|---|---"
-for kind in $peers; do head+=" | SPDK ($kind) IOPS | ratio"; line+="|---|---"; done
+for kind in $peers; do head+=" | SPDK ($kind) IOPS | ratio | round by round"; line+="|---|---|---"; done
 head+=" | target CPU us/I/O Millrace"; line+="|---"
 for kind in $peers; do head+=" | SPDK ($kind)"; line+="|---"; done
 echo "$head |"
@@ -209,10 +226,11 @@ echo "$line|"
 for row in "${rows[@]}"; do
     read -r w bs qd <<<"$row"
     out="| $w $((bs / 1024))K | $qd | ${iops_of[mr $row]}"
-    for kind in $peers; do out+=" | ${iops_of[$kind $row]} | $(ratio "${iops_of[mr $row]}" "${iops_of[$kind $row]}")"; done
+    for kind in $peers; do out+=" | ${iops_of[$kind $row]} | $(ratio "${iops_of[mr $row]}" "${iops_of[$kind $row]}") | $(paired mr "$kind" "$row")"; done
     out+=" | ${cpu_of[mr $row]}"
     for kind in $peers; do out+=" | ${cpu_of[$kind $row]}"; done
     echo "$out |"
 done
 echo
-echo "RAID6 / RAID0, 6 members, 128K sequential write QD16: ${six[raid6]} / ${six[raid0]} IOPS = $(ratio "${six[raid6]}" "${six[raid0]}") (target CPU ${six_cpu[raid6]} / ${six_cpu[raid0]} us per I/O)"
+echo "RAID6 / RAID0, 6 members, 128K sequential write QD16: ${six[raid6]} / ${six[raid0]} IOPS = $(ratio "${six[raid6]}" "${six[raid0]}"), round by round $(paired raid6 raid0 six) (target CPU ${six_cpu[raid6]} / ${six_cpu[raid0]} us per I/O)"
+echo "(ratio: best round against best round; round by round: the median of each round's ratio)"
