@@ -257,7 +257,9 @@ impl Array {
             ms.write_ops.fetch_add(1, Ordering::Relaxed);
             ms.write_bytes.fetch_add(p.len as u64, Ordering::Relaxed);
         }
-        self.stats.full_stripe_writes.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .full_stripe_writes
+            .fetch_add(1, Ordering::Relaxed);
         self.offline_group().is_none()
     }
 
