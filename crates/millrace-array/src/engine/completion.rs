@@ -187,17 +187,14 @@ impl Array {
             }
         }
         let drives = drives.filter(|_| !self.geo.level.is_parity() || whole_rows);
-        if let Some(d) = drives.as_ref().filter(|_| !self.geo.level.is_parity()) {
-            self.mark_intent(a0, a1);
-            if self.write_in_one_strip(d, offset, &buf) {
-                return (Ok(()), buf);
-            }
-        }
         let Some(drives) = drives else {
             let r = self.write_alone_recorded(offset, &buf, fua).await;
             return (r, buf);
         };
         self.mark_intent(a0, a1);
+        if !self.geo.level.is_parity() && self.write_in_one_strip(&drives, offset, &buf) {
+            return (Ok(()), buf);
+        }
         let ticket = if self.geo.level.is_parity() {
             self.retire_log();
             let Some(t) = self.begin_unlogged() else {
@@ -233,8 +230,8 @@ impl Array {
     }
 
     /// A write within one strip of a level without parity, its rows locked and marked, copied
-    /// into its members' files in memory here and now, as `write_on_ring` would in a batch. False where it was
-    /// not done whole (more than one strip, a member not in memory, a fault): `write_on_ring`
+    /// into its members' files in memory here and now, as `write_on_ring` would in a batch.
+    /// False where it was not done whole (more than one strip, a member not in memory, a fault): `write_on_ring`
     /// then writes it all again and accounts for what failed.
     fn write_in_one_strip(&self, drives: &Drives, offset: u64, buf: &[u8]) -> bool {
         let pieces = self.pieces(offset, buf.len());
@@ -253,9 +250,7 @@ impl Array {
         }
         // Counted once all are in: a write redone by `write_on_ring` is counted there.
         for m in copies {
-            let ms = &self.member_stats[m];
-            ms.write_ops.fetch_add(1, Ordering::Relaxed);
-            ms.write_bytes.fetch_add(p.len as u64, Ordering::Relaxed);
+            self.member_stats[m].moved(true, p.len as u64);
         }
         self.stats
             .full_stripe_writes

@@ -92,6 +92,19 @@ pub struct MemberStats {
     pub errors: AtomicU64,
 }
 
+impl MemberStats {
+    /// One operation that moved all its `bytes`.
+    pub(super) fn moved(&self, write: bool, bytes: u64) {
+        let (ops, total) = if write {
+            (&self.write_ops, &self.write_bytes)
+        } else {
+            (&self.read_ops, &self.read_bytes)
+        };
+        ops.fetch_add(1, Ordering::Relaxed);
+        total.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
 /// A member slot with no drive behind it (lost, or never found at import).
 pub struct MissingDrive(pub String);
 
@@ -513,13 +526,7 @@ impl Array {
         for (op, r) in ops.iter().zip(results) {
             let ms = &self.member_stats[op.member];
             if r.is_ok() {
-                let (n, b) = if op.is_write() {
-                    (&ms.write_ops, &ms.write_bytes)
-                } else {
-                    (&ms.read_ops, &ms.read_bytes)
-                };
-                n.fetch_add(1, Ordering::Relaxed);
-                b.fetch_add(op.bytes(), Ordering::Relaxed);
+                ms.moved(op.is_write(), op.bytes());
             }
             if let Err(e) = r {
                 ok = false;

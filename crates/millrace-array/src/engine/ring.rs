@@ -52,15 +52,7 @@ impl Array {
         for (s, r) in sent.iter().zip(results) {
             let ms = &self.member_stats[s.member];
             match r {
-                Ok(n) if n == s.len => {
-                    let (ops, bytes) = if s.write {
-                        (&ms.write_ops, &ms.write_bytes)
-                    } else {
-                        (&ms.read_ops, &ms.read_bytes)
-                    };
-                    ops.fetch_add(1, Ordering::Relaxed);
-                    bytes.fetch_add(n as u64, Ordering::Relaxed);
-                }
+                Ok(n) if n == s.len => ms.moved(s.write, n as u64),
                 // A short transfer: the blocking path redoes the request and names the cause.
                 Ok(_) => ok = false,
                 Err(e) => {
