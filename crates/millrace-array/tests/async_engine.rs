@@ -282,6 +282,95 @@ fn a_member_file_truncated_under_its_mapping_fails_the_member_not_the_process() 
     drop(cores);
 }
 
+/// A drive file in memory truncated behind the pool's back under bytes the pool lent for a
+/// send: the kernel's copy of them fails with EFAULT (no fault is raised in the process, so
+/// nothing else finds out), and `lent_send_failed`, which the exports call on a failed send,
+/// breaks that member's mapping. The pool then lends nothing more from it, which it would go on
+/// doing otherwise, each such read ending its connection again; the next read of the range goes
+/// by pread, takes the member out of service and is served by parity.
+#[test]
+fn a_send_that_faults_on_a_truncated_member_stops_its_lending() {
+    let Some(rig) = memory_rig(Level::Raid5, 4, None, 4096, 16) else {
+        return;
+    };
+    let (pool, cores) = start_cores(1, 8 << 20);
+    let size = rig.array.size_bytes() as usize;
+    let data = pattern(5, size);
+    run_round(&cores, &pool, &rig.array, &[whole_write(5, size)]);
+    let strips = size / 4096;
+    let a = rig.array.clone();
+    let lend_all = move |a: Arc<Array>| async move {
+        let lent: Vec<_> = (0..strips as u64).map(|s| a.lend(s * 4096, 4096)).collect();
+        (lent, a)
+    };
+    let (lent, a) = cores.spawn_on(0, move || lend_all(a)).wait().unwrap();
+    assert!(
+        lent.iter().all(Option::is_some),
+        "a healthy pool lends every strip"
+    );
+    shrink(&rig.files[1]);
+    let mut pipe = [0; 2];
+    // SAFETY: pipe writes two descriptors into the array.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+    let mut faulted = Vec::new();
+    for (s, l) in lent.iter().enumerate() {
+        let b = &l.as_ref().unwrap()[0];
+        // SAFETY: lent bytes stay mapped while the buffer lives; the kernel checks the pages.
+        let r = unsafe { libc::write(pipe[1], b.raw_ptr().cast(), b.len()) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            assert_eq!(e.raw_os_error(), Some(libc::EFAULT));
+            assert_eq!(millrace_io::lent_send_failed(&e, [b]), 1);
+            faulted.push(s);
+        } else {
+            // Drained, so the pipe never fills.
+            let mut sink = vec![0u8; b.len()];
+            // SAFETY: reads into a buffer of that length.
+            unsafe { libc::read(pipe[0], sink.as_mut_ptr().cast(), sink.len()) };
+            assert_eq!(sink, data[s * 4096..(s + 1) * 4096], "strip {s}");
+        }
+    }
+    // SAFETY: both descriptors are ours.
+    unsafe {
+        libc::close(pipe[0]);
+        libc::close(pipe[1]);
+    }
+    // Four members, one of each row's strips on the truncated one (parity or data).
+    assert!(
+        faulted.len() >= strips / 4,
+        "sends from the truncated member fault ({faulted:?})"
+    );
+    assert!(lent
+        .iter()
+        .enumerate()
+        .all(|(s, l)| { l.as_ref().unwrap()[0].lent_intact() != faulted.contains(&s) }));
+    drop(lent);
+    let b = a.clone();
+    let again = cores
+        .spawn_on(0, move || async move {
+            let lent: Vec<_> = faulted
+                .iter()
+                .map(|&s| b.lend(s as u64 * 4096, 4096))
+                .collect();
+            lent.iter().all(Option::is_none)
+        })
+        .wait()
+        .unwrap();
+    assert!(again, "nothing more is lent from the truncated member");
+    let got = run_round(
+        &cores,
+        &pool,
+        &a,
+        &[(Op::Read { at: 0.0, len: size }, (0, size))],
+    );
+    assert!(got[0].as_deref() == Some(&data[..]), "the pool reads back");
+    assert!(
+        a.member_state(1) == millrace_array::superblock::MemberState::Faulty,
+        "the truncated member is out of service"
+    );
+    drop(cores);
+}
+
 /// Whole-row writes on drive files in memory compute their parity straight into the parity
 /// members' pages (`millrace_io::place_repaired`), counted with the repaired writes. A parity
 /// member truncated behind the pool's back faults under that computation: the process lives,

@@ -41,6 +41,22 @@ pub fn lend_reads() -> bool {
     *ON.get_or_init(|| std::env::var("MILLRACE_LEND_READS").map_or(true, |v| v != "0"))
 }
 
+/// What an export does when a send from `bufs` failed with `e`. Where it is EFAULT, the kernel
+/// could not read bytes a drive file's mapping lent: the file shrank under the mapping (a drive
+/// file truncated behind the pool's back), which a copy in the kernel reports this way instead
+/// of by SIGBUS. Each lent buffer whose bytes now lie past its file's end breaks that mapping,
+/// so the drive's reads go by pread from then on and fail as the drive really does: the array
+/// takes the member out of service and serves the range from the others, instead of every
+/// read of it ending its connection again. Returns how many such buffers were found.
+pub fn lent_send_failed<'a>(e: &io::Error, bufs: impl IntoIterator<Item = &'a IoBuf>) -> usize {
+    if e.raw_os_error() != Some(libc::EFAULT) {
+        return 0;
+    }
+    bufs.into_iter()
+        .filter(|b| b.is_lent() && crate::mapped::shrank_under(b.ptr.as_ptr() as usize, b.len))
+        .count()
+}
+
 /// An owned I/O buffer: Send, derefs to `[u8]` of its current length, which may be set to
 /// anything up to its capacity. Ownership moves into a device call and comes back with its
 /// result, so a dropped future never leaves the kernel writing into memory someone else owns.
@@ -106,6 +122,15 @@ impl IoBuf {
             cap: len,
             home: Home::Lent(keep),
         }
+    }
+
+    /// Whether the bytes are still those of the device that lent them (always, for a buffer
+    /// that is not lent). False once the drive file's mapping they lie in broke (the file
+    /// shrank under it, see [`crate::mapped`]): then a copy made of them may hold zeroes where
+    /// the drive file lost its pages, and the read must be made again (by pread now, which
+    /// reports what the drive really has).
+    pub fn lent_intact(&self) -> bool {
+        !self.is_lent() || crate::mapped::intact(self.ptr.as_ptr() as usize)
     }
 
     /// Whether the bytes are lent by a device (see [`IoBuf::lent`]).

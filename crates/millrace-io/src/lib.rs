@@ -34,7 +34,7 @@ pub mod ring;
 mod scratch;
 pub mod share;
 
-pub use buf::{lend_reads, IoBuf, Lent, ALIGN};
+pub use buf::{lend_reads, lent_send_failed, IoBuf, Lent, ALIGN};
 pub use cores::{current_core, CoreTask, Cores, CoresConfig};
 pub use pool::{BufPool, PoolConfig, PoolUsage};
 pub use ring::{on_ring, place_repaired, write_inline, Batch, OpKind, Results, SharedBuf};

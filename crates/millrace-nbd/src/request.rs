@@ -297,7 +297,28 @@ async fn read<W: AsyncWrite + Unpin>(
         &head[..]
     };
     let parts: smallvec::SmallVec<[&[u8]; 4]> = data.iter().map(|b| &b[..]).collect();
-    let _ = send_parts(sh, head, &parts).await;
+    let sent = send_lent(sh, head, &parts, &data).await;
+    drop(parts);
+    if sent.is_ok() || *sh.broken.borrow() || data.iter().all(IoBuf::lent_intact) {
+        return;
+    }
+    // A copy of lent bytes met a drive file that shrank under them and holds zeroes where the
+    // file lost its pages. The reply was not queued: read again, by pread now, which fails the
+    // drive so that the pool serves the range from the others (or reports the error). Into a
+    // buffer of its own: this happens once for a drive that shrank, and the pool buffer the
+    // request would have had was never taken.
+    drop(data);
+    warn!(
+        export = %sh.entry.export.name,
+        "NBD: a drive file shrank under a read of {len} bytes at {off}; reading it again"
+    );
+    let (res, buf) = dev.read_async(off, IoBuf::standalone(len as usize)).await;
+    match res {
+        Ok(()) => {
+            let _ = send_parts(sh, head, &[&buf[..]]).await;
+        }
+        Err(e) => fail(sh, &req, "read", e).await,
+    }
 }
 
 /// Answers NBD_CMD_BLOCK_STATUS for `base:allocation` from the device's allocation map (in
@@ -352,11 +373,25 @@ pub(crate) async fn send<W: AsyncWrite + Unpin>(
     send_parts(sh, head, &[data]).await
 }
 
-/// `send` of data in pieces (a read lent by the device piece by piece), in order.
+/// `send` of data in pieces, in order.
 async fn send_parts<W: AsyncWrite + Unpin>(
     sh: &Shared<W>,
     head: &[u8],
     data: &[&[u8]],
+) -> io::Result<()> {
+    send_lent(sh, head, data, &[]).await
+}
+
+/// `send_parts` of a read's data, which lies in `lent` (a read lent by the device piece by
+/// piece, or its pool buffer). Where lent bytes turn out not to be the drive's (its file
+/// shrank under them, see `IoBuf::lent_intact`), a batched copy is taken back out and an error
+/// returned; a send the kernel could not read them for (EFAULT) takes that drive's mapping out
+/// of use (`millrace_io::lent_send_failed`).
+async fn send_lent<W: AsyncWrite + Unpin>(
+    sh: &Shared<W>,
+    head: &[u8],
+    data: &[&[u8]],
+    lent: &[IoBuf],
 ) -> io::Result<()> {
     let closing = || io::Error::new(io::ErrorKind::BrokenPipe, "the connection is closing");
     if *sh.broken.borrow() {
@@ -365,9 +400,16 @@ async fn send_parts<W: AsyncWrite + Unpin>(
     let total = head.len() + data.iter().map(|d| d.len()).sum::<usize>();
     if sh.corked.get() && total <= BATCH_REPLY_MAX {
         let mut b = sh.batch.borrow_mut();
+        let start = b.len();
         b.extend_from_slice(head);
         for d in data {
             b.extend_from_slice(d);
+        }
+        if !lent.iter().all(IoBuf::lent_intact) {
+            b.truncate(start);
+            return Err(io::Error::other(
+                "a drive file shrank under the bytes it lent",
+            ));
         }
         return Ok(());
     }
@@ -375,7 +417,16 @@ async fn send_parts<W: AsyncWrite + Unpin>(
     if *sh.broken.borrow() {
         return Err(closing());
     }
-    write_timed(sh, &mut *w, head, data).await
+    let r = write_timed(sh, &mut *w, head, data).await;
+    if let Err(e) = &r {
+        if millrace_io::lent_send_failed(e, lent) > 0 {
+            warn!(
+                export = %sh.entry.export.name,
+                "NBD: a drive file shrank under a read being sent; its drive's reads go by pread from now on"
+            );
+        }
+    }
+    r
 }
 
 /// Sends the batched replies, if any (see `Shared::batch`).

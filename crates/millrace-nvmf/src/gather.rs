@@ -139,7 +139,17 @@ impl Gather {
                 iov[k] = std::io::IoSlice::new(if k == 0 { &s[skip..] } else { s });
                 n += 1;
             }
-            let mut wrote = w.write_vectored(&iov[..n]).await?;
+            let mut wrote = match w.write_vectored(&iov[..n]).await {
+                Ok(n) => n,
+                Err(e) => {
+                    if millrace_io::lent_send_failed(&e, &self.bufs) > 0 {
+                        tracing::warn!(
+                            "NVMe/TCP: a drive file shrank under a read being sent; its drive's reads go by pread from now on"
+                        );
+                    }
+                    return Err(e);
+                }
+            };
             if wrote == 0 {
                 return Err(std::io::ErrorKind::WriteZero.into());
             }

@@ -27,7 +27,9 @@
 //! pread.
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicPtr, AtomicU16, AtomicU64, AtomicUsize, Ordering,
+};
 use std::sync::OnceLock;
 
 use crate::filled::Filled;
@@ -44,6 +46,8 @@ struct Slot {
     base: AtomicUsize,
     len: AtomicUsize,
     broken: AtomicBool,
+    /// The drive file's descriptor (-1 for a redo file's mapping), to look at its size.
+    fd: AtomicI32,
     /// Which chunks hold no hole (a `Filled` owned by the `Mapping`, null when unused).
     filled: AtomicPtr<Filled>,
     /// The drive's redo slots (a `Redo` owned by the `Mapping`; null: writes by pwrite).
@@ -56,10 +60,70 @@ static TABLE: [Slot; SLOTS] = [const {
         base: AtomicUsize::new(0),
         len: AtomicUsize::new(0),
         broken: AtomicBool::new(false),
+        fd: AtomicI32::new(-1),
         filled: AtomicPtr::new(std::ptr::null_mut()),
         redo: AtomicPtr::new(std::ptr::null_mut()),
     }
 }; SLOTS];
+
+/// One past the highest slot ever used: where a search of the table by address may stop.
+static HIGH: AtomicUsize = AtomicUsize::new(0);
+
+/// Mappings broken so far in this process; while none is, every lent byte is intact.
+static BREAKS: AtomicU64 = AtomicU64::new(0);
+
+/// The watched slot whose mapping holds `addr`, and the mapping's start.
+fn slot_at(addr: usize) -> Option<(&'static Slot, usize)> {
+    TABLE[..HIGH.load(Ordering::Acquire).min(SLOTS)]
+        .iter()
+        .find_map(|s| {
+            let base = s.base.load(Ordering::SeqCst);
+            let inside = base != 0 && addr >= base && addr - base < s.len.load(Ordering::SeqCst);
+            inside.then_some((s, base))
+        })
+}
+
+/// Whether lent bytes at `addr` are still their drive's: false once the mapping they lie in
+/// broke, after which a copy of them may have read the zeroes put in place of a page that was
+/// gone (the SIGBUS handler below) instead of the drive's data.
+pub(crate) fn intact(addr: usize) -> bool {
+    if BREAKS.load(Ordering::Acquire) == 0 {
+        return true;
+    }
+    slot_at(addr).is_none_or(|(s, _)| !s.broken.load(Ordering::SeqCst))
+}
+
+/// For lent bytes `addr..addr+len` that the kernel could not read (a send from them failed with
+/// EFAULT, which is what a fault in the kernel's copy gives instead of SIGBUS): whether they lie
+/// past the end of their drive file, which shrank under its mapping. Then the mapping is broken,
+/// as a fault in our own copy would break it, so the drive's reads go by pread from now on and
+/// fail as the drive file really does.
+pub(crate) fn shrank_under(addr: usize, len: usize) -> bool {
+    let Some((s, base)) = slot_at(addr) else {
+        return false;
+    };
+    let fd = s.fd.load(Ordering::SeqCst);
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: fstat writes only into `st`, a zeroed struct of the right type.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return false;
+    }
+    let end = (addr - base).saturating_add(len) as u64;
+    if u64::try_from(st.st_size).is_ok_and(|size| size >= end) {
+        return false;
+    }
+    break_slot(s);
+    true
+}
+
+/// Marks a mapping broken: it is never used again. Async-signal-safe (atomics only).
+fn break_slot(s: &Slot) {
+    s.broken.store(true, Ordering::SeqCst);
+    BREAKS.fetch_add(1, Ordering::SeqCst);
+}
 
 /// Whether the first `len` bytes of `fd` are all allocated (no holes).
 fn allocated(fd: RawFd, len: usize) -> bool {
@@ -130,6 +194,7 @@ pub fn map(fd: RawFd, len: u64, redo: Option<Redo>) -> Option<Mapping> {
         return None;
     };
     let s = &TABLE[watch.slot];
+    s.fd.store(fd, Ordering::SeqCst);
     let known = Box::new(Filled::new(len as u64, allocated(fd, len)));
     s.filled.store(Box::into_raw(known), Ordering::SeqCst);
     if let Some(r) = redo {
@@ -176,8 +241,10 @@ pub(crate) fn watch(base: usize, len: usize) -> Option<Watch> {
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
     })?;
+    HIGH.fetch_max(slot + 1, Ordering::AcqRel);
     let s = &TABLE[slot];
     s.broken.store(false, Ordering::SeqCst);
+    s.fd.store(-1, Ordering::SeqCst);
     s.len.store(len, Ordering::SeqCst);
     s.base.store(base, Ordering::SeqCst);
     Some(Watch { slot })
@@ -576,7 +643,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
             if base == 0 || addr < base || addr - base >= len {
                 continue;
             }
-            s.broken.store(true, Ordering::SeqCst);
+            break_slot(s);
             let page = addr & !(h.page - 1);
             // SAFETY: replaces one page of our own mapping with zeroes, so the faulting copy
             // can finish; the mapping is broken and no copy result from it is trusted again.
@@ -678,6 +745,48 @@ mod tests {
         drop(m);
         let n = unsafe { copy(f.as_raw_fd(), 0, buf.as_mut_ptr(), 4096, Access::Read) };
         assert_eq!(n, None, "an unmapped descriptor is not copied");
+    }
+
+    /// A drive file truncated behind our back under bytes it lent: the kernel's copy of them
+    /// for a send fails with EFAULT (no SIGBUS is raised for it), `lent_send_failed` finds the
+    /// buffer past its file's end and breaks that mapping, so nothing more is lent from it and
+    /// a copy made of its bytes is known not to be the drive's. A buffer lent from a file that
+    /// did not shrink, and any other error, are left alone.
+    #[test]
+    fn a_send_that_faults_on_a_shrunk_file_breaks_its_mapping() {
+        let (Some(f), Some(g)) = (shm_file(64 * 1024), shm_file(64 * 1024)) else {
+            return;
+        };
+        let m = map(f.as_raw_fd(), 64 * 1024, None).expect("a tmpfs file maps");
+        let n = map(g.as_raw_fd(), 64 * 1024, None).expect("a tmpfs file maps");
+        let lend = |m: &Mapping, at: u64| {
+            let p = m.lend(at, 4096).expect("a filled range is lent");
+            // SAFETY: the mappings outlive the buffers (dropped first, below).
+            unsafe { crate::IoBuf::lent(p, 4096, Box::new(())) }
+        };
+        let (far, near) = (lend(&m, 32 * 1024), lend(&n, 32 * 1024));
+        assert!(far.lent_intact() && near.lent_intact());
+        f.set_len(16 * 1024).unwrap();
+        let mut pipe = [0; 2];
+        // SAFETY: pipe writes two descriptors into the array.
+        assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+        // SAFETY: the range is mapped (its page gone from the file); the kernel checks it.
+        let r = unsafe { libc::write(pipe[1], far.raw_ptr().cast(), 4096) };
+        let e = std::io::Error::last_os_error();
+        assert_eq!((r, e.raw_os_error()), (-1, Some(libc::EFAULT)));
+        let epipe = std::io::Error::from_raw_os_error(libc::EPIPE);
+        assert_eq!(crate::lent_send_failed(&epipe, [&far]), 0, "not a fault");
+        assert_eq!(crate::lent_send_failed(&e, [&near, &far]), 1);
+        assert!(!far.lent_intact(), "its mapping broke");
+        assert!(near.lent_intact(), "the other file's mapping did not");
+        assert!(m.lend(0, 4096).is_none(), "a broken mapping lends nothing");
+        assert!(n.lend(0, 4096).is_some());
+        // SAFETY: both descriptors are ours.
+        unsafe {
+            libc::close(pipe[0]);
+            libc::close(pipe[1]);
+        }
+        drop((far, near));
     }
 
     #[test]

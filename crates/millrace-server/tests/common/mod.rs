@@ -70,3 +70,16 @@ pub fn wait_url(home: &Path, not: Option<&str>) -> String {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `len` bytes of a pattern that differs with `seed` (xorshift), to write and check back.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
