@@ -374,9 +374,11 @@ fn a_send_that_faults_on_a_truncated_member_stops_its_lending() {
 /// Whole-row writes on drive files in memory compute their parity straight into the parity
 /// members' pages (`millrace_io::place_repaired`), counted with the repaired writes. A parity
 /// member truncated behind the pool's back faults under that computation: the process lives,
-/// the parity lands by pwrite from the pages written, and parity matches the data written.
+/// and the member, whose file lost data, is taken out of service instead of being grown back
+/// by pwrite (which left holes that read as zeroes where no write reached again); the pool
+/// reads back the second write from the others.
 #[test]
-fn parity_computed_in_a_truncated_members_pages_lands_by_pwrite() {
+fn parity_computed_in_a_truncated_members_pages_fails_the_member() {
     let Some(rig) = memory_rig(Level::Raid6, 4, None, 4096, 16) else {
         return;
     };
@@ -389,13 +391,68 @@ fn parity_computed_in_a_truncated_members_pages_lands_by_pwrite() {
     rig.check_redundancy().unwrap();
     shrink(&rig.files[1]);
     run_round(&cores, &pool, &rig.array, &[whole_write(8, size)]);
-    drop(cores);
     assert!(
-        rig.logical_from_drives() == pattern(8, size),
-        "the members hold the second write"
+        rig.array.member_state(1) == millrace_array::superblock::MemberState::Faulty,
+        "the truncated member is out of service"
     );
-    rig.check_redundancy()
-        .unwrap_or_else(|e| panic!("after the fault: {e}"));
+    assert_eq!(
+        std::fs::metadata(&rig.files[1]).unwrap().len(),
+        4096,
+        "the truncated file was not grown back"
+    );
+    let got = run_round(
+        &cores,
+        &pool,
+        &rig.array,
+        &[(Op::Read { at: 0.0, len: size }, (0, size))],
+    );
+    assert!(got[0].as_deref() == Some(&pattern(8, size)[..]));
+    drop(cores);
+}
+
+/// A member file in memory truncated behind the pool's back, then a write to the rows it lost:
+/// the write's copy into the mapping faults, and the member must fail then. Before, the write
+/// went on by pwrite, which grew the file back with holes in place of what it lost; the member
+/// stayed in service and a read of the pool returned those holes' zeroes as data, silently
+/// (11 of 48 strips here).
+#[test]
+fn a_write_after_a_member_file_shrank_fails_the_member_instead_of_growing_it_back() {
+    let Some(rig) = memory_rig(Level::Raid5, 4, None, 4096, 16) else {
+        return;
+    };
+    let (pool, cores) = start_cores(1, 8 << 20);
+    let size = rig.array.size_bytes() as usize;
+    let mut data = pattern(7, size);
+    run_round(&cores, &pool, &rig.array, &[whole_write(7, size)]);
+    shrink(&rig.files[1]);
+    // The last row's three data strips: every member, the truncated one included, is written.
+    let row = 3 * 4096;
+    let last = Op::Write {
+        at: 0.0,
+        len: row,
+        seed: 9,
+        whole: false,
+        fua: false,
+    };
+    run_round(&cores, &pool, &rig.array, &[(last, (size - row, row))]);
+    data[size - row..].copy_from_slice(&pattern(9, row));
+    assert!(
+        rig.array.member_state(1) == millrace_array::superblock::MemberState::Faulty,
+        "the truncated member is out of service"
+    );
+    assert_eq!(std::fs::metadata(&rig.files[1]).unwrap().len(), 4096);
+    let got = run_round(
+        &cores,
+        &pool,
+        &rig.array,
+        &[(Op::Read { at: 0.0, len: size }, (0, size))],
+    );
+    let got = got[0].as_ref().unwrap();
+    let bad = (0..size / 4096)
+        .filter(|&s| got[s * 4096..(s + 1) * 4096] != data[s * 4096..(s + 1) * 4096])
+        .count();
+    assert_eq!(bad, 0, "strips that read back wrong");
+    drop(cores);
 }
 
 /// `BlockDevice::lend` on a healthy pool in memory: a range is lent piece by piece, one per

@@ -526,9 +526,11 @@ pub fn write_inline(fd: RawFd, offset: u64, data: &[u8]) -> Option<usize> {
                 Access::Write,
             )
         }?;
+        // An error (a drive file that lost data) is for the batch to report.
+        let n = usize::try_from(n).ok()?;
         RingStats::add(&stats.inline, 1);
         RingStats::add(&stats.mapped, 1);
-        usize::try_from(n).ok()
+        Some(n)
     })
 }
 

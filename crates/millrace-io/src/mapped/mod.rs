@@ -48,6 +48,8 @@ struct Slot {
     broken: AtomicBool,
     /// The drive file's descriptor (-1 for a redo file's mapping), to look at its size.
     fd: AtomicI32,
+    /// The mapping broke because its file shrank: see [`lost`].
+    shrunk: AtomicBool,
     /// Which chunks hold no hole (a `Filled` owned by the `Mapping`, null when unused).
     filled: AtomicPtr<Filled>,
     /// The drive's redo slots (a `Redo` owned by the `Mapping`; null: writes by pwrite).
@@ -61,6 +63,7 @@ static TABLE: [Slot; SLOTS] = [const {
         len: AtomicUsize::new(0),
         broken: AtomicBool::new(false),
         fd: AtomicI32::new(-1),
+        shrunk: AtomicBool::new(false),
         filled: AtomicPtr::new(std::ptr::null_mut()),
         redo: AtomicPtr::new(std::ptr::null_mut()),
     }
@@ -102,22 +105,63 @@ pub(crate) fn shrank_under(addr: usize, len: usize) -> bool {
     let Some((s, base)) = slot_at(addr) else {
         return false;
     };
-    let fd = s.fd.load(Ordering::SeqCst);
-    if fd < 0 {
-        return false;
-    }
-    // SAFETY: fstat writes only into `st`, a zeroed struct of the right type.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    if unsafe { libc::fstat(fd, &mut st) } != 0 {
-        return false;
-    }
     let end = (addr - base).saturating_add(len) as u64;
-    if u64::try_from(st.st_size).is_ok_and(|size| size >= end) {
+    if file_size(s).is_none_or(|size| size >= end) {
         return false;
     }
     break_slot(s);
     true
 }
+
+/// The size of the drive file behind a slot; None for a redo file's, or where fstat fails.
+fn file_size(s: &Slot) -> Option<u64> {
+    let fd = s.fd.load(Ordering::SeqCst);
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: fstat writes only into `st`, a zeroed struct of the right type.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return None;
+    }
+    u64::try_from(st.st_size).ok()
+}
+
+/// Whether a broken mapping's drive file is shorter than the mapping: the drive lost data
+/// (truncated behind the pool's back). Then its reads and writes fail (EIO) instead of going
+/// by pread and pwrite, and the array takes the member out of service: a pwrite past the
+/// file's new end would grow it back with holes, which read as zeroes, and the member would
+/// stay in service serving them as its data. Looked at only once the mapping broke.
+fn lost(s: &Slot) -> bool {
+    if s.shrunk.load(Ordering::SeqCst) {
+        return true;
+    }
+    if !s.broken.load(Ordering::SeqCst) {
+        return false;
+    }
+    let len = s.len.load(Ordering::SeqCst) as u64;
+    let Some(size) = file_size(s).filter(|&size| size < len) else {
+        return false;
+    };
+    if !s.shrunk.swap(true, Ordering::SeqCst) {
+        tracing::warn!(
+            "a drive file in memory shrank from {len} to {size} bytes behind the pool's back; its reads and writes fail from now on"
+        );
+    }
+    true
+}
+
+/// [`lost`] for the mapping of `fd`, if it has one.
+fn lost_fd(fd: RawFd) -> bool {
+    let Some(i) = fd_index(fd) else { return false };
+    let Some(slot) = SLOT_OF[i].load(Ordering::Acquire).checked_sub(1) else {
+        return false;
+    };
+    lost(&TABLE[slot as usize])
+}
+
+/// What an operation on a drive that lost data ([`lost`]) returns: EIO, as a system call would.
+const LOST: i64 = -(libc::EIO as i64);
 
 /// Marks a mapping broken: it is never used again. Async-signal-safe (atomics only).
 fn break_slot(s: &Slot) {
@@ -245,6 +289,7 @@ pub(crate) fn watch(base: usize, len: usize) -> Option<Watch> {
     let s = &TABLE[slot];
     s.broken.store(false, Ordering::SeqCst);
     s.fd.store(-1, Ordering::SeqCst);
+    s.shrunk.store(false, Ordering::SeqCst);
     s.len.store(len, Ordering::SeqCst);
     s.base.store(base, Ordering::SeqCst);
     Some(Watch { slot })
@@ -380,7 +425,9 @@ pub(crate) unsafe fn copy(
     access: Access,
 ) -> Option<i64> {
     let read = access == Access::Read;
-    let (s, base, start) = mapped_range(fd, offset, len)?;
+    let Some((s, base, start)) = mapped_range(fd, offset, len) else {
+        return lost_fd(fd).then_some(LOST);
+    };
     // SAFETY: set in `map`, freed only when the mapping is dropped (no I/O runs then).
     let known = unsafe { s.filled.load(Ordering::Acquire).as_ref() }?;
     if read && !known.all_known(offset, len) {
@@ -396,7 +443,7 @@ pub(crate) unsafe fn copy(
         // SAFETY: `buf..buf+len` is valid for reads (the caller's contract).
         let src = unsafe { std::slice::from_raw_parts(buf.cast_const(), len) };
         if !write_whole(fd, redo, s, base + start, src, offset) {
-            return None;
+            return lost(s).then_some(LOST);
         }
         known.wrote(offset, len);
         return Some(len as i64);
@@ -412,7 +459,7 @@ pub(crate) unsafe fn copy(
         stream_copy(at, buf.cast_const(), len);
     }
     if s.broken.load(Ordering::SeqCst) {
-        return None;
+        return lost(s).then_some(LOST);
     }
     if !read {
         known.wrote(offset, len);
@@ -474,6 +521,9 @@ impl Place {
     /// The range is written: Ok(len) once the file has it (in its pages, or by pwrite from
     /// them where the mapping broke meanwhile); Err where the file took no write.
     pub fn finish(self) -> std::io::Result<usize> {
+        if lost(self.slot) {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
         if self.slot.broken.load(Ordering::SeqCst) {
             // SAFETY: the range is readable, anonymous pages where faults were.
             let bytes = unsafe { std::slice::from_raw_parts(self.at.cast_const(), self.len) };
@@ -523,6 +573,9 @@ fn write_whole(
         // file is this process's alone and the range is this write's.
         unsafe { stream_copy((at + skip) as *mut u8, piece.as_ptr(), piece.len()) };
         if s.broken.load(Ordering::SeqCst) {
+            if lost(s) {
+                return false;
+            }
             // The mapping broke part way: the rest by pwrite, while the slot still holds this
             // piece for a replay.
             let done = pwrite_all(fd, &src[skip..], off);
@@ -907,7 +960,8 @@ mod tests {
             "the chunk the first write filled reads through the mapping"
         );
         assert!(buf == model[8192..8192 + 4096]);
-        // A fault in the middle (the file shrank): not done, so the caller writes by pwrite.
+        // A fault in the middle (the file shrank): the write fails, rather than the caller's
+        // pwrite growing the file back with holes where it lost data.
         f.set_len(4096).unwrap();
         let src = vec![9u8; 64 * 1024];
         let r = unsafe {
@@ -919,7 +973,12 @@ mod tests {
                 Access::WriteRepaired,
             )
         };
-        assert_eq!(r, None, "the fault sends the write back to pwrite");
+        assert_eq!(r, Some(LOST), "the fault fails the write");
+        assert_eq!(
+            f.metadata().unwrap().len(),
+            4096,
+            "the file is not grown back"
+        );
     }
 
     fn blocks(f: &std::fs::File) -> u64 {
@@ -993,9 +1052,13 @@ mod tests {
                 Access::Read,
             )
         };
-        assert_eq!(n, None, "the fault sends the read back to pread");
-        // Broken for good, also where the file still has pages.
+        assert_eq!(
+            n,
+            Some(LOST),
+            "the fault fails the read: the file lost data"
+        );
+        // Failed for good, also where the file still has its pages: the drive lost data.
         let n = unsafe { copy(f.as_raw_fd(), 0, buf.as_mut_ptr(), 4096, Access::Read) };
-        assert_eq!(n, None);
+        assert_eq!(n, Some(LOST));
     }
 }
