@@ -507,7 +507,7 @@ pub fn place_repaired(fd: RawFd, offset: u64, len: usize) -> Option<crate::mappe
 /// runs inline, without making the batch. A request that lands on one member, as most small
 /// ones do, then takes no batch, result list or shared buffer (they were 5% of the core in 4K
 /// random writes). None where it must go through a batch: not a file in memory, no ring on
-/// this thread, no mapping, or a fault part way (the batch then writes it all by pwrite).
+/// this thread, no mapping, or a fault (the batch writes it by pwrite, or fails a lost file).
 pub fn write_inline(fd: RawFd, offset: u64, data: &[u8]) -> Option<usize> {
     if !crate::inline::is_set(fd) {
         return None;
@@ -526,7 +526,6 @@ pub fn write_inline(fd: RawFd, offset: u64, data: &[u8]) -> Option<usize> {
                 Access::Write,
             )
         }?;
-        // An error (a drive file that lost data) is for the batch to report.
         let n = usize::try_from(n).ok()?;
         RingStats::add(&stats.inline, 1);
         RingStats::add(&stats.mapped, 1);
