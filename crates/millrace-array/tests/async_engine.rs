@@ -75,6 +75,12 @@ fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
 }
 
 /// Runs one round's ops at once, alternating cores; returns each read's bytes.
+/// The pool's first `size` bytes, read in one request on core 0 (None: the read failed).
+fn read_whole(cores: &Cores, pool: &BufPool, array: &Arc<Array>, size: usize) -> Option<Vec<u8>> {
+    let read = (Op::Read { at: 0.0, len: size }, (0, size));
+    run_round(cores, pool, array, &[read]).pop().flatten()
+}
+
 fn run_round(
     cores: &Cores,
     pool: &BufPool,
@@ -182,14 +188,9 @@ fn run(
             }
         }
     }
-    let whole = run_round(
-        &cores,
-        &pool,
-        &rig.array,
-        &[(Op::Read { at: 0.0, len: size }, (0, size))],
-    );
+    let whole = read_whole(&cores, &pool, &rig.array, size);
     prop_assert!(
-        whole[0].as_deref() == Some(&model[..]),
+        whole.as_deref() == Some(&model[..]),
         "whole-pool read differs from the model"
     );
     let entries: u64 = member_ops(&cores);
@@ -265,14 +266,9 @@ fn a_member_file_truncated_under_its_mapping_fails_the_member_not_the_process() 
     let data = pattern(7, size);
     run_round(&cores, &pool, &rig.array, &[whole_write(7, size)]);
     shrink(&rig.files[1]);
-    let got = run_round(
-        &cores,
-        &pool,
-        &rig.array,
-        &[(Op::Read { at: 0.0, len: size }, (0, size))],
-    );
+    let got = read_whole(&cores, &pool, &rig.array, size);
     assert!(
-        got[0].as_deref() == Some(&data[..]),
+        got.as_deref() == Some(&data[..]),
         "the pool reads back what was written"
     );
     assert!(
@@ -357,13 +353,8 @@ fn a_send_that_faults_on_a_truncated_member_stops_its_lending() {
         .wait()
         .unwrap();
     assert!(again, "nothing more is lent from the truncated member");
-    let got = run_round(
-        &cores,
-        &pool,
-        &a,
-        &[(Op::Read { at: 0.0, len: size }, (0, size))],
-    );
-    assert!(got[0].as_deref() == Some(&data[..]), "the pool reads back");
+    let got = read_whole(&cores, &pool, &a, size);
+    assert!(got.as_deref() == Some(&data[..]), "the pool reads back");
     assert!(
         a.member_state(1) == millrace_array::superblock::MemberState::Faulty,
         "the truncated member is out of service"
@@ -400,13 +391,8 @@ fn parity_computed_in_a_truncated_members_pages_fails_the_member() {
         4096,
         "the truncated file was not grown back"
     );
-    let got = run_round(
-        &cores,
-        &pool,
-        &rig.array,
-        &[(Op::Read { at: 0.0, len: size }, (0, size))],
-    );
-    assert!(got[0].as_deref() == Some(&pattern(8, size)[..]));
+    let got = read_whole(&cores, &pool, &rig.array, size);
+    assert!(got.as_deref() == Some(&pattern(8, size)[..]));
     drop(cores);
 }
 
@@ -441,13 +427,8 @@ fn a_write_after_a_member_file_shrank_fails_the_member_instead_of_growing_it_bac
         "the truncated member is out of service"
     );
     assert_eq!(std::fs::metadata(&rig.files[1]).unwrap().len(), 4096);
-    let got = run_round(
-        &cores,
-        &pool,
-        &rig.array,
-        &[(Op::Read { at: 0.0, len: size }, (0, size))],
-    );
-    let got = got[0].as_ref().unwrap();
+    let got = read_whole(&cores, &pool, &rig.array, size);
+    let got = got.expect("the read is done");
     let bad = (0..size / 4096)
         .filter(|&s| got[s * 4096..(s + 1) * 4096] != data[s * 4096..(s + 1) * 4096])
         .count();
@@ -506,13 +487,8 @@ fn healthy_ranges_are_lent_piece_by_piece_with_the_pools_bytes() {
             .wait()
             .unwrap();
         assert!(after, "a pool with a member out of service lends nothing");
-        let got = run_round(
-            &cores,
-            &pool,
-            &a,
-            &[(Op::Read { at: 0.0, len: size }, (0, size))],
-        );
-        assert!(got[0].as_deref() == Some(&data[..]), "it still reads back");
+        let got = read_whole(&cores, &pool, &a, size);
+        assert!(got.as_deref() == Some(&data[..]), "it still reads back");
         assert_eq!(&one[0][..], &data[3 * 4096..4 * 4096], "still mapped");
         drop(cores);
     }
@@ -724,14 +700,9 @@ fn writes_within_one_strip_land_on_every_copy() {
                 model[*off..off + len].copy_from_slice(&pattern(*seed, *len));
             }
         }
-        let whole = run_round(
-            &cores,
-            &pool,
-            &rig.array,
-            &[(Op::Read { at: 0.0, len: size }, (0, size))],
-        );
+        let whole = read_whole(&cores, &pool, &rig.array, size);
         assert!(
-            whole[0].as_deref() == Some(&model[..]),
+            whole.as_deref() == Some(&model[..]),
             "{level:?}: the pool reads back what was written"
         );
         assert!(

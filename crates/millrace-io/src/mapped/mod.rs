@@ -75,7 +75,9 @@ static HIGH: AtomicUsize = AtomicUsize::new(0);
 /// Mappings broken so far in this process; while none is, every lent byte is intact.
 static BREAKS: AtomicU64 = AtomicU64::new(0);
 
-/// The watched slot whose mapping holds `addr`, and the mapping's start.
+/// The watched slot whose mapping holds `addr`, and the mapping's start. Async-signal-safe
+/// (atomics only): the SIGBUS handler finds its fault's mapping with it. A slot's index is
+/// below HIGH before its base is published (`watch`).
 fn slot_at(addr: usize) -> Option<(&'static Slot, usize)> {
     TABLE[..HIGH.load(Ordering::Acquire).min(SLOTS)]
         .iter()
@@ -119,12 +121,14 @@ fn file_size(s: &Slot) -> Option<u64> {
     if fd < 0 {
         return None;
     }
+    u64::try_from(fstat(fd)?.st_size).ok()
+}
+
+/// fstat of `fd`; None where it fails.
+fn fstat(fd: RawFd) -> Option<libc::stat> {
     // SAFETY: fstat writes only into `st`, a zeroed struct of the right type.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    if unsafe { libc::fstat(fd, &mut st) } != 0 {
-        return None;
-    }
-    u64::try_from(st.st_size).ok()
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st)
 }
 
 /// Whether a broken mapping's drive file is shorter than the mapping: the drive lost data
@@ -171,12 +175,9 @@ fn break_slot(s: &Slot) {
 
 /// Whether the first `len` bytes of `fd` are all allocated (no holes).
 fn allocated(fd: RawFd, len: usize) -> bool {
-    // SAFETY: fstat writes only into `st`, a zeroed struct of the right type.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    if unsafe { libc::fstat(fd, &mut st) } != 0 {
-        return false;
-    }
-    u64::try_from(st.st_blocks).is_ok_and(|b| b.saturating_mul(512) >= len as u64)
+    fstat(fd).is_some_and(|st| {
+        u64::try_from(st.st_blocks).is_ok_and(|b| b.saturating_mul(512) >= len as u64)
+    })
 }
 
 /// Slot index + 1 of the mapping of each descriptor; 0: none.
@@ -690,30 +691,23 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
     let addr = unsafe { (*info).si_addr() } as usize;
     let h = HANDLER.get().and_then(|h| h.as_ref());
-    if let Some(h) = h {
-        for s in &TABLE {
-            let (base, len) = (s.base.load(Ordering::SeqCst), s.len.load(Ordering::SeqCst));
-            if base == 0 || addr < base || addr - base >= len {
-                continue;
-            }
-            break_slot(s);
-            let page = addr & !(h.page - 1);
-            // SAFETY: replaces one page of our own mapping with zeroes, so the faulting copy
-            // can finish; the mapping is broken and no copy result from it is trusted again.
-            let p = unsafe {
-                libc::mmap(
-                    page as *mut libc::c_void,
-                    h.page,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            if p != libc::MAP_FAILED {
-                return;
-            }
-            break;
+    if let Some((h, (s, _))) = h.zip(slot_at(addr)) {
+        break_slot(s);
+        let page = addr & !(h.page - 1);
+        // SAFETY: replaces one page of our own mapping with zeroes, so the faulting copy can
+        // finish; the mapping is broken and no copy result from it is trusted again.
+        let p = unsafe {
+            libc::mmap(
+                page as *mut libc::c_void,
+                h.page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p != libc::MAP_FAILED {
+            return;
         }
     }
     chain(sig, info, ctx, h);
