@@ -5,8 +5,9 @@
 # port), connect with several I/O queues with and without header/data digests, Identify, SMART
 # log, XFS round trip across a disconnect/reconnect, fio with crc32c verification, discard; a drive
 # failed with `millrace pool fail` during fio and then a second one, both invisible to the client;
-# the export served again after a server restart with the data intact; and the refusal of hosts
-# and subsystems that are not allowed.
+# the export served again after a server restart with the data intact; fio's verified 4 KiB
+# writes to a RAID10 pool in memory, copied to its members straight from the target's receive
+# buffer; and the refusal of hosts and subsystems that are not allowed.
 #   usage (on the host): cargo build -p millrace-cli
 #          tests/guest/run-in-guest --timeout 1200 tests/guest/nvme-tcp.sh $PWD/target/debug
 set -euo pipefail
@@ -207,6 +208,29 @@ dd if="$ns" bs=1M count=64 iflag=direct status=none | sha256sum | cmp -s - "$wor
 grep -q '"host": "'"$HOST"'"' <("$MR" export list --json) || fail "export list does not show the connected host"
 disconnect
 step "after the restart: export served, reconnected, data verified"
+
+# A RAID10 pool of drive files in memory: a 4 KiB write whose data comes in the capsule is copied
+# to its members straight from the target's receive buffer (BlockDevice::write_now).
+fdrives=()
+for i in 0 1 2 3; do fdrives+=("$work/fdrives/f$i.img"); done
+mkdir -p "$work/fdrives"
+"$MR" pool create fast --level raid10 --strip 64k --create 32M "${fdrives[@]}" > "$work/fpool.out" 2>&1 \
+  || { cat "$work/fpool.out"; fail "millrace pool create fast (raid10)"; }
+"$MR" volume create fast/v --size 48M > /dev/null || fail "millrace volume create fast/v"
+"$MR" export nvme add fast/v --host "$HOST" > /dev/null || fail "millrace export nvme add fast/v"
+tankqn=$NQN
+NQN=nqn.2026-11.dev.millrace:fast.v
+connect
+timeout 600 fio --name=now --filename="$ns" --direct=1 --ioengine=libaio --iodepth=16 --rw=randwrite \
+  --bs=4k --size=16M --verify=crc32c --verify_fatal=1 --do_verify=1 --randrepeat=1 \
+  --output="$work/fio4.out" > /dev/null 2>&1 || { tail -20 "$work/fio4.out"; fail "fio 4k randwrite + verify on fast/v"; }
+grep -q "err= 0" "$work/fio4.out" && ! grep -qiE 'verify.*(fail|bad)|crc32c: verify' "$work/fio4.out" \
+  && grep -qE 'WRITE: .*io=16\.0MiB' "$work/fio4.out" || { tail -20 "$work/fio4.out"; fail "fio on fast/v reported errors"; }
+disconnect
+borrowed=$(curl -s http://127.0.0.1:8740/metrics | awk '/^millrace_pool_borrowed_writes.*pool="fast"/ { print $2 }')
+[[ ${borrowed:-0} -gt 0 ]] || fail "no write to fast/v was copied from the receive buffer (metric: '${borrowed:-}')"
+NQN=$tankqn
+step "raid10 in memory: fio 4k randwrite + verify ok, $borrowed writes copied from the receive buffer"
 
 if nvme connect -t tcp -a 127.0.0.1 -s 4420 -n "$NQN" --hostnqn "$BADHOST" --hostid "$BADHOSTID" > "$work/bad.out" 2>&1; then
   fail "a host that is not allowed connected"

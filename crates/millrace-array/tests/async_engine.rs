@@ -25,6 +25,9 @@ enum Op {
         seed: u64,
         whole: bool,
         fua: bool,
+        /// Offered first to `write_now` from the test's own bytes (not FUA); `write_async` when
+        /// the pool declines it.
+        now: bool,
     },
     Read {
         at: f64,
@@ -42,8 +45,8 @@ struct Round {
 
 fn op(max_len: usize) -> impl Strategy<Value = Op> {
     prop_oneof![
-        5 => (0.0..1.0f64, 1..max_len, any::<u64>(), any::<bool>(), prop::bool::weighted(0.2))
-            .prop_map(|(at, len, seed, whole, fua)| Op::Write { at, len, seed, whole, fua }),
+        5 => (0.0..1.0f64, 1..max_len, any::<u64>(), any::<bool>(), prop::bool::weighted(0.2), any::<bool>())
+            .prop_map(|(at, len, seed, whole, fua, now)| Op::Write { at, len, seed, whole, fua, now }),
         3 => (0.0..1.0f64, 1..max_len).prop_map(|(at, len)| Op::Read { at, len }),
         1 => Just(Op::Flush),
     ]
@@ -70,6 +73,15 @@ fn range(size: usize, fs: usize, at: f64, len: usize, whole: bool) -> (usize, us
     }
 }
 
+/// `r` widened to whole 4 KiB sectors, within the pool's `size` bytes.
+fn in_sectors(r: (usize, usize), size: usize) -> (usize, usize) {
+    let off = r.0 / 4096 * 4096;
+    (
+        off,
+        ((r.0 + r.1 - off).div_ceil(4096) * 4096).min(size - off),
+    )
+}
+
 fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
     a.0 < b.0 + b.1 && b.0 < a.0 + a.1
 }
@@ -94,9 +106,16 @@ fn run_round(
             let (a, p, op, off, len) = (array.clone(), pool.clone(), op.clone(), *off as u64, *len);
             cores.spawn_on(i, move || async move {
                 match op {
-                    Op::Write { seed, fua, .. } => {
+                    Op::Write { seed, fua, now, .. } => {
+                        let data = pattern(seed, len);
+                        if now && !fua {
+                            if let Some(r) = a.write_now(off, &data) {
+                                r.unwrap();
+                                return None;
+                            }
+                        }
                         let mut b = p.get(len).await.unwrap();
-                        b.copy_from_slice(&pattern(seed, len));
+                        b.copy_from_slice(&data);
                         let (r, _) = a.write_async(off, b, fua).await;
                         r.unwrap();
                         None
@@ -151,7 +170,17 @@ fn run(
         let mut placed: Vec<(Op, (usize, usize))> = Vec::new();
         for op in &round.ops {
             let r = match *op {
-                Op::Write { at, len, whole, .. } => range(size, fs, at, len, whole),
+                Op::Write {
+                    at,
+                    len,
+                    whole,
+                    now: false,
+                    ..
+                } => range(size, fs, at, len, whole),
+                // In whole sectors, which a pool may write now (the cores' path's rule).
+                Op::Write { at, len, whole, .. } => {
+                    in_sectors(range(size, fs, at, len, whole), size)
+                }
                 Op::Read { at, len } => range(size, fs, at, len, false),
                 Op::Flush => (0, 0),
             };
@@ -419,6 +448,7 @@ fn a_write_after_a_member_file_shrank_fails_the_member_instead_of_growing_it_bac
         seed: 9,
         whole: false,
         fua: false,
+        now: false,
     };
     run_round(&cores, &pool, &rig.array, &[(last, (size - row, row))]);
     data[size - row..].copy_from_slice(&pattern(9, row));
@@ -520,6 +550,7 @@ fn concurrent_partial_writes_filling_stripes_keep_parity_right() {
                     seed: s as u64,
                     whole: false,
                     fua: false,
+                    now: false,
                 };
                 (op, (s * 4096, 4096))
             })
@@ -577,6 +608,7 @@ fn parity_torn_in_a_mapping_lies_in_a_marked_row_and_resync_repairs_it() {
                 seed,
                 whole: false,
                 fua: false,
+                now: false,
             };
             (op, at)
         };
@@ -636,6 +668,7 @@ fn whole_write(seed: u64, size: usize) -> (Op, (usize, usize)) {
         seed,
         whole: true,
         fua: false,
+        now: false,
     };
     (op, (0, size))
 }
@@ -660,7 +693,7 @@ fn member_ops(cores: &Cores) -> u64 {
 
 /// Writes that each land in one strip, many at once on two cores, on levels without parity
 /// over files in memory: each is copied into its member (both copies on RAID10) without a
-/// batch. The pool reads back what was written, the drives hold md's layout, RAID10's copies
+/// batch, half of them offered first from the caller's own bytes (`write_now`). The pool reads back what was written, the drives hold md's layout, RAID10's copies
 /// agree, and the members' counters saw every write.
 #[test]
 fn writes_within_one_strip_land_on_every_copy() {
@@ -683,6 +716,7 @@ fn writes_within_one_strip_land_on_every_copy() {
                     seed: i as u64 + 11,
                     whole: false,
                     fua: i % 5 == 0,
+                    now: i % 2 == 1,
                 };
                 (op, (i * 16384 + skip, len))
             })
@@ -694,7 +728,20 @@ fn writes_within_one_strip_land_on_every_copy() {
                 .sum()
         };
         let before = counted(&rig.array);
+        let st = &rig.array.stats;
         run_round(&cores, &pool, &rig.array, &writes);
+        // Offered ones whose rows no other write held were done from the test's own bytes.
+        let offered = (1..writes.len()).step_by(2).filter(|i| i % 5 != 0).count() as u64;
+        let borrowed = st.borrowed_writes.load(Ordering::Relaxed);
+        assert!(
+            borrowed > 0 && borrowed <= offered,
+            "{level:?}: {borrowed} of {offered} offered writes done from the caller's bytes"
+        );
+        assert_eq!(
+            st.write_ops.load(Ordering::Relaxed),
+            writes.len() as u64,
+            "{level:?}: every write counted once"
+        );
         for (op, (off, len)) in &writes {
             if let Op::Write { seed, .. } = op {
                 model[*off..off + len].copy_from_slice(&pattern(*seed, *len));

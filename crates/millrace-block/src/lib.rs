@@ -100,6 +100,18 @@ pub trait BlockDevice: Send + Sync + 'static {
         None
     }
 
+    /// Writes `data` at `offset` here and now, where the device can do it whole without
+    /// waiting for anything (members in memory, no lock taken by another request, nothing to
+    /// record first), from the caller's own bytes: a transport whose write's data already lies
+    /// in its receive buffer saves the copy into a pool buffer, and the task a write of its own
+    /// would take. Some: the write's outcome, as `write_async` would report it. None (the
+    /// default, and wherever the device cannot): nothing is reported, and the caller writes
+    /// all of it with `write_async` (part of it may have reached the device: the write was not
+    /// complete, so it may still change to whatever the full write leaves).
+    fn write_now(&self, _offset: u64, _data: &[u8]) -> Option<io::Result<()>> {
+        None
+    }
+
     /// Reads `buf.len()` bytes at `offset` into `buf`.
     fn read_async(&self, offset: u64, mut buf: IoBuf) -> IoFuture<'_, BufResult> {
         Box::pin(async move {

@@ -85,6 +85,37 @@ async fn dev_write(dev: &Arc<dyn BlockDevice>, off: u64, buf: IoBuf, fua: bool) 
     j.await.unwrap_or_else(|e| Err(unfinished(e)))
 }
 
+fn fua(s: &Sqe) -> bool {
+    s.cdw(12) & (1 << 30) != 0
+}
+
+/// A write's status, counted.
+fn written(q: &IoQueue, off: u64, len: u64, r: IoResult<()>) -> Status {
+    if let Err(e) = r {
+        tracing::warn!("a write of {len} bytes at {off} failed: {e}");
+        return status_of(&e, false);
+    }
+    let io_ctr = &q.subsys.io;
+    io_ctr.write_commands.fetch_add(1, Ordering::Relaxed);
+    io_ctr.bytes_written.fetch_add(len, Ordering::Relaxed);
+    Status::SUCCESS
+}
+
+/// A Write (not FUA) done from the transport's own bytes where the device does it here and now
+/// (`BlockDevice::write_now`, which never waits, so any thread may call it): its status. None
+/// wherever `IoCommand::write` would refuse it (it refuses it then) or the device cannot.
+pub(crate) fn write_now(q: &IoQueue, ns: &Ns, s: &Sqe, data: &[u8]) -> Option<Status> {
+    if fua(s) {
+        return None;
+    }
+    let (off, len) = cmd::lba_range(s.slba(), s.nlb() as u64, ns.blocks, ns.lba_shift).ok()?;
+    if len != data.len() as u64 {
+        return None;
+    }
+    let r = ns.dev.write_now(off, data)?;
+    Some(written(q, off, len, r))
+}
+
 /// The calls that move no data.
 #[derive(Clone, Copy)]
 enum Op {
@@ -168,15 +199,8 @@ impl IoCommand {
         let Some(data) = data.filter(|d| d.len() as u64 == len) else {
             return Err(Status::DATA_SGL_LENGTH_INVALID);
         };
-        let fua = s.cdw(12) & (1 << 30) != 0;
-        dev_write(&self.ns.dev, off, data, fua).await.map_err(|e| {
-            tracing::warn!("a write of {len} bytes at {off} failed: {e}");
-            status_of(&e, false)
-        })?;
-        let io_ctr = &self.q.subsys.io;
-        io_ctr.write_commands.fetch_add(1, Ordering::Relaxed);
-        io_ctr.bytes_written.fetch_add(len, Ordering::Relaxed);
-        Ok(IoDone::Status(Status::SUCCESS))
+        let r = dev_write(&self.ns.dev, off, data, fua(s)).await;
+        Ok(IoDone::Status(written(&self.q, off, len, r)))
     }
 
     /// Reads into a pool buffer of the command's length, which the transport sends from:

@@ -276,6 +276,21 @@ impl Session {
         })
     }
 
+    /// A Write (not FUA) on an I/O queue whose data lies in the transport's receive buffer,
+    /// done here and now where its namespace's device can (`BlockDevice::write_now`): its
+    /// status. None: run it with `command` as usual, which also refuses what is wrong with it.
+    pub fn write_now(&self, sqe: &Sqe, data: &[u8]) -> Option<Status> {
+        if sqe.is_fabrics() || sqe.opcode() != io::WRITE {
+            return None;
+        }
+        let q = self.q.as_ref().filter(|q| q.qid != 0)?;
+        if !q.ctrl.enabled.load(Ordering::Relaxed) {
+            return None;
+        }
+        let ns = q.ctrl.subsys.ns(sqe.nsid())?;
+        crate::io_commands::write_now(&q.io, &ns, sqe, data)
+    }
+
     fn fabrics(&mut self, sqe: &Sqe, data: Option<&[u8]>) -> Action {
         match sqe.fctype() {
             fctype::CONNECT => {

@@ -341,6 +341,16 @@ impl BlockDevice for Metered {
         }));
         Some(lent)
     }
+    fn write_now(&self, offset: u64, data: &[u8]) -> Option<io::Result<()>> {
+        let Some(_pass) = self.gate.enter(&self.inflight) else {
+            return Some(Err(stopping()));
+        };
+        let t0 = Instant::now();
+        // Not done: the `write_async` that follows is timed and counted on its own.
+        let r = self.dev.write_now(offset, data)?;
+        self.record(Op::Write, t0, r.is_ok(), data.len() as u64);
+        Some(r)
+    }
     fn read_async(&self, offset: u64, buf: IoBuf) -> IoFuture<'_, BufResult> {
         let Some(pass) = self.gate.enter(&self.inflight) else {
             return Box::pin(async move { (Err(stopping()), buf) });

@@ -67,6 +67,7 @@ struct PoolFamilies {
     wb: Family<PoolL, Counter>,
     ro: Family<PoolL, Counter>,
     wo: Family<PoolL, Counter>,
+    bw: Family<PoolL, Counter>,
     dr: Family<PoolL, Counter>,
     me: Family<PoolL, Counter>,
     size: Family<PoolL, Gauge>,
@@ -97,6 +98,11 @@ impl PoolFamilies {
                 r,
                 "millrace_pool_write_ops",
                 "Write requests served by the pool",
+            ),
+            bw: family(
+                r,
+                "millrace_pool_borrowed_writes",
+                "Write requests copied to the members straight from the export's receive buffer",
             ),
             dr: family(
                 r,
@@ -170,6 +176,9 @@ impl PoolFamilies {
             .inc_by(s.write_bytes.load(Relaxed));
         self.ro.get_or_create(&l).inc_by(s.read_ops.load(Relaxed));
         self.wo.get_or_create(&l).inc_by(s.write_ops.load(Relaxed));
+        self.bw
+            .get_or_create(&l)
+            .inc_by(s.borrowed_writes.load(Relaxed));
         self.dr
             .get_or_create(&l)
             .inc_by(s.degraded_reads.load(Relaxed));

@@ -229,6 +229,38 @@ impl Array {
         )
     }
 
+    /// `BlockDevice::write_now`: a write within one strip of a level without parity, every
+    /// member online and in memory and its rows free, copied from the caller's bytes into its
+    /// members here and now (`write_in_one_strip`, as `write_owned` would copy it). None where
+    /// that would wait (a row locked, a failure not yet recorded) or not be done whole: then
+    /// `write_owned` writes it all.
+    pub(super) fn write_borrowed(&self, offset: u64, data: &[u8]) -> Option<io::Result<()>> {
+        if self.geo.level.is_parity() || !self.unlogged.is_recorded() {
+            return None;
+        }
+        let len = data.len();
+        if let Err(e) = self.check_range(offset, len as u64) {
+            return Some(Err(e.into()));
+        }
+        if len == 0 {
+            return Some(Ok(()));
+        }
+        let drives = self.ring_drives(offset, len)?;
+        let (a0, a1) = sector_span(offset, len);
+        let _g = self.locks.try_lock(self.row_shards(a0, a1 - a0))?;
+        self.mark_intent(a0, a1);
+        // Acknowledged only once every member failure so far is recorded, as `write_owned`.
+        if !self.write_in_one_strip(&drives, offset, data) || !self.unlogged.is_recorded() {
+            return None;
+        }
+        self.stats.write_ops.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .write_bytes
+            .fetch_add(len as u64, Ordering::Relaxed);
+        self.stats.borrowed_writes.fetch_add(1, Ordering::Relaxed);
+        Some(Ok(()))
+    }
+
     /// A write within one strip of a level without parity, its rows locked and marked, copied
     /// into its members' files in memory here and now, as `write_on_ring` would in a batch.
     /// False where it was not done whole (more than one strip, a member not in memory, a fault): `write_on_ring`

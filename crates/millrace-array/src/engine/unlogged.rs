@@ -103,16 +103,21 @@ impl Unlogged {
         }
     }
 
+    /// Whether every failure taken out of service so far is recorded (`recorded` would not wait).
+    pub(super) fn is_recorded(&self) -> bool {
+        self.unrecorded.load(Ordering::Acquire) == 0
+    }
+
     /// `wait_recorded` for a task on a core.
     pub(super) async fn recorded(&self) {
         loop {
-            if self.unrecorded.load(Ordering::Acquire) == 0 {
+            if self.is_recorded() {
                 return;
             }
             let wake = std::pin::pin!(self.recorded_async.notified());
             let mut wake = wake;
             wake.as_mut().enable();
-            if self.unrecorded.load(Ordering::Acquire) == 0 {
+            if self.is_recorded() {
                 return;
             }
             wake.await;

@@ -352,11 +352,28 @@ impl Conn {
                 raw.to_vec(),
             ));
         }
+        self.admit(raw)?;
+        // A write whose data came whole with its header is done from the read buffer where the
+        // device can do it now: no pool buffer, no copy, no task.
+        if self.whole && !f.ddgst && f.data_len > 0 {
+            let data = &self.rd.buffer()[..f.data_len];
+            if let Some(st) = self.session.write_now(&sqe, data) {
+                self.rd.consume(f.data_len);
+                self.reply.done(sqe.cid(), st, 0);
+                return Ok(());
+            }
+        }
         let (mut icd, held) = self.in_capsule_buffer(f.data_len).await?;
         let digest_ok = match icd.as_mut() {
             Some(b) => self.data(f, b).await?,
             None => self.data(f, &mut []).await?,
         };
+        self.admitted(sqe, icd, held, digest_ok).await
+    }
+
+    /// A command in flight on this queue from now on, unless the host already has as many as
+    /// its queue holds.
+    fn admit(&mut self, raw: &[u8]) -> Result<(), Stop> {
         let inflight = self.reply.admit();
         if inflight > self.session.depth() {
             // The host ignored the queue size it asked for: nothing sane can follow.
@@ -371,6 +388,17 @@ impl Conn {
             let h = self.sqhd.load(Ordering::Relaxed);
             self.sqhd.store((h + 1) % d, Ordering::Relaxed);
         }
+        Ok(())
+    }
+
+    /// Runs an admitted command whose in-capsule data is in (`icd`, `digest_ok`).
+    async fn admitted(
+        &mut self,
+        sqe: Sqe,
+        icd: Option<IoBuf>,
+        held: Option<Held>,
+        digest_ok: bool,
+    ) -> Result<(), Stop> {
         let cid = sqe.cid();
         if !digest_ok {
             self.reply.done(cid, Status::TRANSIENT_TRANSPORT_ERROR, 0);
