@@ -11,6 +11,7 @@
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use std::task::Poll;
 
 use millrace_io::share::charge;
 use millrace_io::{BufPool, Share};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{watch, Mutex, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
@@ -307,6 +308,15 @@ where
         let dev = s.entry.export.dev.as_ref();
         if let Some(lent) = dev.lend(req.offset, req.len as usize) {
             return Ok(Some((held, Some(Payload::Lent(lent)))));
+        }
+    }
+    // A write whose payload came whole with its header is done from the read buffer where the
+    // device can do it now: no pool buffer and no copy into it.
+    if payload > 0 && req.flags & CMD_FLAG_FUA == 0 && r.buffer().len() >= payload as usize {
+        let dev = s.entry.export.dev.as_ref();
+        if let Some(done) = dev.write_now(req.offset, &r.buffer()[..payload as usize]) {
+            Pin::new(&mut *r).consume(payload as usize);
+            return Ok(Some((held, Some(Payload::Written(done)))));
         }
     }
     let mut buf = match pool.get(req.len as usize).await {

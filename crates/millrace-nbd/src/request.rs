@@ -136,6 +136,9 @@ fn counters<W>(sh: &Shared<W>) -> [&Counters; 2] {
 pub(crate) enum Payload {
     Buf(IoBuf),
     Lent(Lent),
+    /// A write the device already did from the connection's read buffer
+    /// (`BlockDevice::write_now`), and how it ended.
+    Written(io::Result<()>),
 }
 
 /// Serves one checked request and sends its reply. `data` is None for commands without data.
@@ -152,12 +155,12 @@ pub(crate) async fn run<W: AsyncWrite + Unpin>(
         (CMD_READ, Some(data)) => read(sh, dev, req, data).await,
         (CMD_BLOCK_STATUS, _) => block_status(sh, dev, req).await,
         (kind, data) => {
-            let buf = match data {
-                Some(Payload::Buf(b)) => Some(b),
+            let res = match data {
+                Some(Payload::Written(r)) => r.map_err(Refusal::from),
+                Some(Payload::Buf(b)) => change(dev, &req, Some(b)).await,
                 // Lent only for reads.
-                Some(Payload::Lent(_)) | None => None,
+                Some(Payload::Lent(_)) | None => change(dev, &req, None).await,
             };
-            let res = change(dev, &req, buf).await;
             match res {
                 Ok(()) => {
                     done(sh, kind, req.len as u64);
@@ -264,6 +267,11 @@ async fn read<W: AsyncWrite + Unpin>(
     let (off, len) = (req.offset, req.len);
     let data = match data {
         Payload::Lent(lent) => lent,
+        // Only writes are done from the read buffer; a read is always given a buffer or lent.
+        Payload::Written(_) => {
+            let e = io::Error::other("the read was given no buffer to read into");
+            return fail(sh, &req, "read", e).await;
+        }
         Payload::Buf(buf) => {
             let (res, buf) = dev.read_async(off, buf).await;
             if let Err(e) = res {

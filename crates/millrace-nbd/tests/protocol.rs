@@ -171,6 +171,50 @@ async fn lent_reads_in_pieces_arrive_whole_in_simple_and_structured_replies() {
     }
 }
 
+/// Writes whose payload came whole with their header are offered to the device from the read
+/// buffer (`BlockDevice::write_now`); those it takes, those it declines (longer ones here) and
+/// FUA ones (never offered) all read back, and an error it reports reaches the client.
+#[tokio::test]
+async fn writes_offered_from_the_read_buffer_read_back_and_report_errors() {
+    let server = NbdServer::new();
+    let dev = TestDev::new(8 * MIB);
+    dev.take_now.store(8192, Ordering::SeqCst);
+    server
+        .add_export(export("vol", dev.clone(), &["127.0.0.1/32"]))
+        .unwrap();
+    let addr = tcp_server(&server).await;
+    let mut c = Client::go(TcpStream::connect(addr).await.unwrap(), "vol", false)
+        .await
+        .unwrap();
+    for (i, len) in [4096usize, 512, 8192, 65536, 4096].into_iter().enumerate() {
+        let off = i as u64 * 100_000;
+        let data = pattern(i as u64 + 40, len);
+        let flags = if i == 4 { CMD_FLAG_FUA } else { 0 };
+        assert_eq!(c.write(off, &data, flags).await.unwrap(), 0);
+        assert_eq!(c.read(off, len as u32).await.unwrap(), data, "write {i}");
+    }
+    let taken = dev.taken.load(Ordering::SeqCst);
+    assert!(
+        (1..=3).contains(&taken),
+        "the short writes not FUA were taken from the read buffer ({taken})"
+    );
+    assert_ne!(
+        c.write(dev.fail_now_at, &pattern(9, 4096), 0)
+            .await
+            .unwrap(),
+        0,
+        "the device's error reaches the client"
+    );
+    assert_eq!(c.write(4096, &pattern(10, 4096), 0).await.unwrap(), 0);
+    assert_eq!(c.read(4096, 4096).await.unwrap(), pattern(10, 4096));
+    let st = server.stats();
+    assert_eq!(
+        st.writes, 6,
+        "writes counted once each, the failed one not: {st:?}"
+    );
+    c.disconnect().await.unwrap();
+}
+
 #[tokio::test]
 async fn export_name_and_list_and_default_export() {
     let dir = tempfile::tempdir().unwrap();
