@@ -353,10 +353,10 @@ impl Conn {
             ));
         }
         self.admit(raw)?;
-        // A write whose data came whole with its header is done from the read buffer where the
-        // device can do it now: no pool buffer, no copy, no task.
-        if self.whole && !f.ddgst && f.data_len > 0 {
-            let data = &self.rd.buffer()[..f.data_len];
+        // A write whose data came whole with its header (`whole`) is done from the read buffer
+        // where the device can do it now: no pool buffer, no copy, no task.
+        let buffered = self.rd.buffer().get(..f.data_len);
+        if let Some(data) = buffered.filter(|_| self.whole && !f.ddgst && f.data_len > 0) {
             if let Some(st) = self.session.write_now(&sqe, data) {
                 self.rd.consume(f.data_len);
                 self.reply.done(sqe.cid(), st, 0);
