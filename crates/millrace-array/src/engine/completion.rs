@@ -153,10 +153,7 @@ impl Array {
         if len == 0 {
             return (Ok(()), buf);
         }
-        self.stats.write_ops.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .write_bytes
-            .fetch_add(len as u64, Ordering::Relaxed);
+        self.stats.wrote(len as u64);
         // The parity-only branches' futures are boxed: inline they made every write's future
         // (RAID0's and mirrors' too) 3.9 KiB, which Box::pin in `write_async` copied per write.
         if self.merges(offset, len) {
@@ -253,10 +250,7 @@ impl Array {
         if !self.write_in_one_strip(&drives, offset, data) || !self.unlogged.is_recorded() {
             return None;
         }
-        self.stats.write_ops.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .write_bytes
-            .fetch_add(len as u64, Ordering::Relaxed);
+        self.stats.wrote(len as u64);
         self.stats.borrowed_writes.fetch_add(1, Ordering::Relaxed);
         Some(Ok(()))
     }

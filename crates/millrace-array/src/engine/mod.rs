@@ -83,6 +83,14 @@ pub struct Stats {
     pub deallocated_bytes: AtomicU64,
 }
 
+impl Stats {
+    /// One write request of `bytes` taken by the pool.
+    pub(super) fn wrote(&self, bytes: u64) {
+        self.write_ops.fetch_add(1, Ordering::Relaxed);
+        self.write_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
 /// What one member slot moved, counted where member I/O completes (a replacement drive in the
 /// slot continues the slot's counts).
 #[derive(Default, Debug)]

@@ -2,8 +2,6 @@
 //! cut of a degraded parity write into pieces whose log records fit a slot; the strategy plans and issues
 //! each attempt.
 
-use std::sync::atomic::Ordering;
-
 use super::{Array, ArrayError, Result};
 use crate::aligned::AlignedBuf;
 use crate::geometry::SECTOR;
@@ -22,10 +20,7 @@ impl Array {
         if data.is_empty() {
             return Ok(());
         }
-        self.stats.write_ops.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .write_bytes
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.stats.wrote(data.len() as u64);
         // Planned and acknowledged only once every member failure so far is recorded (see
         // `unlogged`). A core cannot wait here (its writes in flight hold the record back): its
         // writes wait in `write_owned`.
