@@ -35,18 +35,12 @@ impl Api {
                 ca.as_deref(),
             )?));
         }
-        let f = millrace_server::server_file(home);
-        let Ok(text) = std::fs::read_to_string(&f) else {
-            return Ok(None);
-        };
-        let Ok(sf) = serde_json::from_str::<millrace_server::ServerFile>(&text) else {
-            return Ok(None);
-        };
         // The server's lock, not its pid (which a dead server leaves to whoever gets it next),
         // says whether it runs.
         if !millrace_server::server_running(home) {
             return Ok(None);
         }
+        let sf = wait_until_ready(home)?;
         Ok(Some(Api::new(sf.url, token, sf.tls_cert.as_deref())?))
     }
 
@@ -214,4 +208,44 @@ pub fn seg(s: &str) -> String {
         }
     }
     out
+}
+
+/// The server file of the server that holds `home`. A server writes it once every port
+/// answers; one that holds the home without it is still starting (assembling its pools,
+/// bringing shares back), so this waits for it (MILLRACE_START_WAIT seconds, 300 by default)
+/// rather than treating the home as unserved.
+fn wait_until_ready(home: &Path) -> Result<millrace_server::ServerFile> {
+    let f = millrace_server::server_file(home);
+    let limit = std::env::var("MILLRACE_START_WAIT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(Duration::from_secs(300), Duration::from_secs);
+    let t0 = std::time::Instant::now();
+    let mut told = false;
+    loop {
+        let read = std::fs::read_to_string(&f).ok();
+        if let Some(sf) = read.and_then(|t| serde_json::from_str(&t).ok()) {
+            return Ok(sf);
+        }
+        if !millrace_server::server_running(home) {
+            bail!(
+                "the millrace server for {} stopped while it was starting; see its log",
+                home.display()
+            );
+        }
+        if t0.elapsed() >= limit {
+            bail!(
+                "millrace serve holds {} but has not finished starting after {} s; see its log (set MILLRACE_START_WAIT to wait longer)",
+                home.display(),
+                limit.as_secs()
+            );
+        }
+        if !told {
+            eprintln!(
+                "millrace serve is starting (assembling pools); waiting for it to be ready..."
+            );
+            told = true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -92,12 +92,16 @@ fn with_service(
 }
 
 fn main() {
-    // Like other Unix tools, end quietly when the reader of our output goes away (`| head`).
-    // SAFETY: setting a signal's disposition to its default before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
     let cli = Cli::parse();
+    // Like other Unix tools, end quietly when the reader of our output goes away (`| head`).
+    // Not the server: a peer that hangs up must fail its own connection, never end the
+    // process (it ignores SIGPIPE, see millrace_server::lifecycle).
+    if !matches!(cli.cmd, Cmd::Serve(_)) {
+        // SAFETY: setting a signal's disposition to its default before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let level = match cli.verbose {
         0 => "warn",
         1 => "info",
@@ -117,7 +121,8 @@ fn main() {
     let result = (|| {
         let home = &cli.home;
         if let Cmd::Serve(a) = cli.cmd {
-            return serve_cmd::run(home, a);
+            let code = serve_cmd::run(home, a)?;
+            std::process::exit(code);
         }
         let api = client::Api::find(home, cli.server.as_deref())?;
         let api = api.as_ref();

@@ -91,7 +91,9 @@ fn rdma_addr(s: &str) -> std::result::Result<SocketAddr, String> {
     }
 }
 
-pub fn run(home: &Path, a: ServeArgs) -> Result<()> {
+/// Serves until a signal stops it; returns the exit status that says why (0 for a requested
+/// stop, 128 + N for another signal N; see millrace_server::lifecycle).
+pub fn run(home: &Path, a: ServeArgs) -> Result<i32> {
     let token = match &a.token_file {
         Some(f) => Some(
             std::fs::read_to_string(f)
@@ -146,5 +148,6 @@ pub fn run(home: &Path, a: ServeArgs) -> Result<()> {
         })
         .build()
         .context("cannot start the server's runtime")?;
-    rt.block_on(millrace_server::run(cfg))
+    let cause = rt.block_on(millrace_server::run(cfg))?;
+    Ok(cause.exit_code())
 }

@@ -25,14 +25,39 @@ pub fn charge(len: usize) -> u32 {
         .map_or(u32::MAX, |b| b.min(u32::MAX as u64) as u32)
 }
 
-/// One peer's share: a semaphore of bytes.
+/// Buffers of at most this many bytes are small: they take the share's small lane.
+pub const SMALL: u32 = 128 << 10;
+
+/// One peer's share: two semaphores of bytes, one for large buffers and a smaller lane for
+/// small ones (at most [`SMALL`] bytes). A peer's connections take from one share in arrival
+/// order, so without the lane a 4 KiB request would wait behind the large transfers its own
+/// peer's other connections announced and stalled (until the payload timeout frees them):
+/// with it, stalled large transfers delay only large ones. The peer may hold its share and
+/// an eighth more in small buffers.
 #[derive(Clone)]
-pub struct Share(Arc<Semaphore>);
+pub struct Share {
+    large: Arc<Semaphore>,
+    small: Arc<Semaphore>,
+}
 
 impl Share {
     /// A share of `bytes` that belongs to no map (one connection's own bound).
     pub fn new(bytes: usize) -> Share {
-        Share(Arc::new(Semaphore::new(bytes.min(Semaphore::MAX_PERMITS))))
+        let bytes = bytes.min(Semaphore::MAX_PERMITS);
+        let small = (bytes / 8)
+            .max(2 * SMALL as usize)
+            .min(Semaphore::MAX_PERMITS);
+        Share {
+            large: Arc::new(Semaphore::new(bytes)),
+            small: Arc::new(Semaphore::new(small)),
+        }
+    }
+
+    fn lane(&self, bytes: u32) -> &Arc<Semaphore> {
+        match bytes <= SMALL {
+            true => &self.small,
+            false => &self.large,
+        }
     }
 
     /// Waits until a buffer of `len` bytes fits in the share, and holds its bytes.
@@ -43,32 +68,37 @@ impl Share {
     /// Waits until `bytes` (already a charge, or 0) fit in the share, and holds them. Where
     /// they fit now, without building a wait's future (most requests).
     pub async fn take_bytes(&self, bytes: u32) -> Held {
-        if let Ok(h) = self.0.clone().try_acquire_many_owned(bytes) {
+        let lane = self.lane(bytes);
+        if let Ok(h) = lane.clone().try_acquire_many_owned(bytes) {
             return h;
         }
-        (self.0.clone().acquire_many_owned(bytes).await).expect("a share is never closed")
+        (lane.clone().acquire_many_owned(bytes).await).expect("a share is never closed")
     }
 
     /// Holds the bytes of a buffer of `len` bytes if they fit now (and nobody waits).
     pub fn try_take(&self, len: usize) -> Option<Held> {
-        self.0.clone().try_acquire_many_owned(charge(len)).ok()
+        let bytes = charge(len);
+        self.lane(bytes).clone().try_acquire_many_owned(bytes).ok()
     }
 
-    /// Bytes of the share free now.
+    /// Bytes of the share's large lane free now.
     pub fn available(&self) -> usize {
-        self.0.available_permits()
+        self.large.available_permits()
     }
 
     /// Whether `self` and `other` are the same share.
     pub fn same(&self, other: &Share) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
+        Arc::ptr_eq(&self.large, &other.large)
     }
 }
+
+/// A share as the map keeps it: alive while a connection holds the share itself.
+type WeakShare = (Weak<Semaphore>, Weak<Semaphore>);
 
 /// The shares of the peers connected now, by key: a share lives while any connection of its
 /// peer holds it, so a peer that comes back starts afresh and the map holds only live peers.
 pub struct Shares<K> {
-    map: Mutex<HashMap<K, Weak<Semaphore>>>,
+    map: Mutex<HashMap<K, WeakShare>>,
 }
 
 impl<K> Default for Shares<K> {
@@ -83,12 +113,14 @@ impl<K: Eq + Hash> Shares<K> {
     /// The share of peer `key`, `bytes` large when it is first made.
     pub fn of(&self, key: K, bytes: usize) -> Share {
         let mut m = self.map.lock();
-        if let Some(s) = m.get(&key).and_then(Weak::upgrade) {
-            return Share(s);
+        if let Some((large, small)) = m.get(&key) {
+            if let (Some(large), Some(small)) = (large.upgrade(), small.upgrade()) {
+                return Share { large, small };
+            }
         }
-        m.retain(|_, w| w.strong_count() > 0);
+        m.retain(|_, (w, _)| w.strong_count() > 0);
         let s = Share::new(bytes);
-        m.insert(key, Arc::downgrade(&s.0));
+        m.insert(key, (Arc::downgrade(&s.large), Arc::downgrade(&s.small)));
         s
     }
 }
@@ -125,5 +157,32 @@ mod tests {
             8192,
             "a peer that left starts afresh"
         );
+    }
+
+    #[tokio::test]
+    async fn small_buffers_never_wait_behind_stalled_large_ones() {
+        let share = Share::new(64 << 20);
+        // Two 32 MiB transfers fill the large lane; a third waits for one of them.
+        let held = [share.take(32 << 20).await, share.take(32 << 20).await];
+        let waiting = {
+            let s = share.clone();
+            tokio::spawn(async move { s.take(32 << 20).await })
+        };
+        tokio::task::yield_now().await;
+        // A 4 KiB request of the same peer is not behind it.
+        let small = tokio::time::timeout(std::time::Duration::from_secs(1), share.take(4096))
+            .await
+            .expect("a small buffer is not queued behind a large one");
+        assert!(!waiting.is_finished(), "the large lane is full");
+        drop(held);
+        let third = waiting.await.unwrap();
+        drop((small, third));
+        assert_eq!(share.available(), 64 << 20);
+        // The small lane is bounded too: an eighth of the share.
+        let mut smalls = Vec::new();
+        while let Some(h) = share.try_take(SMALL as usize) {
+            smalls.push(h);
+        }
+        assert_eq!(smalls.len() * SMALL as usize, 8 << 20);
     }
 }

@@ -16,6 +16,7 @@ mod error;
 mod exports;
 mod http;
 mod jobs;
+pub mod lifecycle;
 mod metered;
 mod metrics;
 pub mod model;
@@ -112,16 +113,23 @@ pub fn server_running(home: &std::path::Path) -> bool {
     r != 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
 }
 
-/// Runs the server until SIGINT or SIGTERM: named start-up steps, the API until a signal,
-/// then the shutdown in the order that keeps the pools clean.
-pub async fn run(cfg: ServeConfig) -> Result<()> {
+/// Runs the server until a signal asks it to stop: named start-up steps, the API until the
+/// signal, then the shutdown in the order that keeps the pools clean. Returns why it stopped
+/// (the caller turns that into the exit status); whatever ends it is logged first.
+pub async fn run(cfg: ServeConfig) -> Result<lifecycle::StopCause> {
+    lifecycle::prepare_process();
+    // Taken now, so a stop asked for while the pools are assembled is served once they are.
+    let stop = lifecycle::StopSignals::install();
     check_config(&cfg)?;
     // Held until this function returns: while it is, no second server starts on this home.
     let (sf, _lock) = claim_home(&cfg)?;
+    // A server that stops in order removes its file; one still here was left by a crash.
+    // Removed at once: the CLI waits for this server's file, not a dead one's.
+    let previous_stop_unclean = std::fs::remove_file(&sf).is_ok();
     // The certificate and every port are checked before any pool is touched: a start that
     // cannot bind (an address in use) leaves the pools as they were, clean.
     let tls = load_tls(&cfg).await?;
-    let ports = bind_ports(&cfg).await?;
+    let ports = bind_ports(&cfg)?;
     // Sizes are checked and the pool mapped before any pool is touched.
     let dp = datapath::DataPath::start(&cfg.data_path)?;
     let mut state = tokio::task::spawn_blocking({
@@ -130,10 +138,21 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     })
     .await??;
     state.bench_memory = cfg.bench_memory;
+    state.previous_stop_unclean = previous_stop_unclean;
+    if previous_stop_unclean {
+        tracing::warn!("the last server on this home did not stop in order (a crash or a kill); pools it left in use are resynced");
+    }
     let state = Arc::new(state);
-    let served = serve_opened(&cfg, &state, dp, ports, tls, &sf).await;
-    eprintln!("millrace serve: stopping");
+    let served = serve_opened(&cfg, &state, dp, ports, tls, &sf, stop).await;
+    let why = match &served {
+        Ok(cause) => cause.to_string(),
+        Err(e) => format!("{e:#}"),
+    };
+    tracing::warn!("stopping: {why}");
+    eprintln!("millrace serve: stopping: {why}");
+    lifecycle::notify_stopping();
     shut_down(state, &sf, &nbd_socket(&cfg.home), cfg.http.drain_timeout).await?;
+    eprintln!("millrace serve: stopped");
     served
 }
 
@@ -146,7 +165,8 @@ async fn serve_opened(
     ports: Ports,
     tls: Option<Arc<rustls::ServerConfig>>,
     sf: &std::path::Path,
-) -> Result<()> {
+    stop: lifecycle::StopSignals,
+) -> Result<lifecycle::StopCause> {
     (state.nvmf).set_data_path(dp.pool.clone(), Some(dp.cores.clone()))?;
     // A warning, not a failure: an export's own socket may already have served a client, which
     // gave the NBD server a core and pool of its own.
@@ -154,29 +174,49 @@ async fn serve_opened(
         tracing::warn!("NBD keeps its own core and buffer pool: {e}");
     }
     let _ = state.data_path.set(dp);
-    let api_addr = ports.api.local_addr()?;
-    let nvme_at = start_nvme(state, ports.nvme, ports.discovery)?;
-    let rdma_at = start_nvme_rdma(state, &cfg.nvme_rdma);
-    let sock = start_nbd(cfg, state, ports.nbd_tcp, ports.nbd_unix);
     state.start_pending_rebuilds();
-    // Shares come back once their NBD exports serve (the pools started them above): the
-    // kernel's NBD client attaches through them.
+    // Shares come back once their NBD exports serve (the pools started them, on the exports'
+    // own sockets): the kernel's NBD client attaches through them.
     {
         let s = state.clone();
         tokio::task::spawn_blocking(move || s.restore_shares()).await?;
     }
+    // Only now do the ports answer, and the server file is written at once: a client (or a
+    // script waiting for a port) never finds a port answering for a server still starting.
+    let ports = ports.listen()?;
+    let api_addr = ports.api.local_addr()?;
+    let nvme_at = start_nvme(state, ports.nvme, ports.discovery)?;
+    let rdma_at = start_nvme_rdma(state, &cfg.nvme_rdma);
+    let sock = start_nbd(cfg, state, ports.nbd_tcp, ports.nbd_unix);
     let scheme = if tls.is_some() { "https" } else { "http" };
     write_server_file(cfg, sf, format!("{scheme}://{api_addr}"), &sock)?;
+    lifecycle::notify_ready();
     tracing::info!(api = %api_addr, "millrace serve is up");
     announce(cfg, scheme, api_addr, nvme_at, &rdma_at, &sock);
     let hosts = api::HostGuard::new(api_addr, &cfg.http.allowed_hosts);
     let app = api::router(state.clone(), cfg.token.clone(), hosts);
-    http::serve(ports.api, app, tls, cfg.http.clone(), signalled()).await;
-    Ok(())
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let stopped = async move {
+        let _ = tx.send(stop.wait().await);
+    };
+    http::serve(ports.api, app, tls, cfg.http.clone(), stopped).await;
+    Ok(rx
+        .await
+        .unwrap_or(lifecycle::StopCause::Requested(libc::SIGTERM)))
 }
 
-/// The listeners, bound before any pool is opened.
+/// The listeners, bound before any pool is opened (so an address in use stops the start
+/// before it touches a pool) and listening only once the server is ready.
 struct Ports {
+    api: socket2::Socket,
+    nvme: Option<socket2::Socket>,
+    discovery: Option<socket2::Socket>,
+    nbd_tcp: Option<socket2::Socket>,
+    nbd_unix: socket2::Socket,
+}
+
+/// The same listeners, answering.
+struct Listening {
     api: tokio::net::TcpListener,
     nvme: Option<tokio::net::TcpListener>,
     discovery: Option<tokio::net::TcpListener>,
@@ -184,39 +224,62 @@ struct Ports {
     nbd_unix: tokio::net::UnixListener,
 }
 
-async fn bind_ports(cfg: &ServeConfig) -> Result<Ports> {
-    use tokio::net::TcpListener;
-    let api = TcpListener::bind(cfg.api)
-        .await
-        .with_context(|| format!("cannot listen for the API on {}", cfg.api))?;
+/// The backlog of each listener: connections the kernel holds until they are accepted.
+const BACKLOG: i32 = 1024;
+
+fn bind_tcp(addr: SocketAddr, what: &str) -> Result<socket2::Socket> {
+    use socket2::{Domain, Socket, Type};
+    let bound = Socket::new(Domain::for_address(addr), Type::STREAM, None).and_then(|s| {
+        // As tokio's bind does: a restarted server takes its port back at once.
+        s.set_reuse_address(true)?;
+        s.bind(&addr.into())?;
+        Ok(s)
+    });
+    bound.with_context(|| format!("cannot listen for {what} on {addr}"))
+}
+
+fn listen_tcp(s: socket2::Socket) -> Result<tokio::net::TcpListener> {
+    s.listen(BACKLOG)?;
+    s.set_nonblocking(true)?;
+    Ok(tokio::net::TcpListener::from_std(s.into())?)
+}
+
+impl Ports {
+    fn listen(self) -> Result<Listening> {
+        let nbd_unix = {
+            self.nbd_unix.listen(BACKLOG)?;
+            self.nbd_unix.set_nonblocking(true)?;
+            let fd: std::os::fd::OwnedFd = self.nbd_unix.into();
+            tokio::net::UnixListener::from_std(fd.into())?
+        };
+        Ok(Listening {
+            api: listen_tcp(self.api)?,
+            nvme: self.nvme.map(listen_tcp).transpose()?,
+            discovery: self.discovery.map(listen_tcp).transpose()?,
+            nbd_tcp: self.nbd_tcp.map(listen_tcp).transpose()?,
+            nbd_unix,
+        })
+    }
+}
+
+fn bind_ports(cfg: &ServeConfig) -> Result<Ports> {
+    let api = bind_tcp(cfg.api, "the API")?;
     let (mut nvme, mut discovery) = (None, None);
     if let Some(addr) = cfg.nvme {
-        nvme = Some(
-            TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot listen for NVMe/TCP on {addr}"))?,
-        );
+        nvme = Some(bind_tcp(addr, "NVMe/TCP")?);
         if let Some(p) = cfg.discovery_port {
-            let d = SocketAddr::new(addr.ip(), p);
-            discovery = Some(
-                TcpListener::bind(d)
-                    .await
-                    .with_context(|| format!("cannot listen for NVMe discovery on {d}"))?,
-            );
+            discovery = Some(bind_tcp(SocketAddr::new(addr.ip(), p), "NVMe discovery")?);
         }
     }
-    let nbd_tcp = match cfg.nbd_listen {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot listen for NBD on {addr}"))?,
-        ),
-        None => None,
-    };
+    let nbd_tcp = cfg.nbd_listen.map(|a| bind_tcp(a, "NBD")).transpose()?;
     // The home is ours (its lock is held), so a socket left there is a dead server's.
     let sock = nbd_socket(&cfg.home);
     let _ = std::fs::remove_file(&sock);
-    let nbd_unix = tokio::net::UnixListener::bind(&sock)
+    let nbd_unix = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)
+        .and_then(|s| {
+            s.bind(&socket2::SockAddr::unix(&sock)?)?;
+            Ok(s)
+        })
         .with_context(|| format!("cannot listen for NBD on {}", sock.display()))?;
     Ok(Ports {
         api,
@@ -377,15 +440,6 @@ fn announce(
             .map(|a| format!(" and {a}"))
             .unwrap_or_default()
     );
-}
-
-/// Resolves on SIGINT or SIGTERM.
-async fn signalled() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-    }
 }
 
 /// Stops in the order that keeps the pools clean: the API has drained already; shares are

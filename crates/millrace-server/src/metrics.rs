@@ -430,7 +430,33 @@ pub fn render(state: &State) -> String {
         "Seconds since the server started",
         up,
     );
+    register_lifecycle(&mut reg, state);
     let mut out = String::new();
     encode(&mut out, &reg).expect("writing to a String cannot fail");
     out
+}
+
+/// When this server started and what it found: a restart after a crash shows as a recent start
+/// with the previous stop unclean and the pools it left in use.
+fn register_lifecycle(reg: &mut Registry, state: &State) {
+    let g = |v: i64| {
+        let k = Gauge::<i64>::default();
+        k.set(v);
+        k
+    };
+    reg.register(
+        "millrace_server_start_time_seconds",
+        "When this server started, in seconds since the Unix epoch",
+        g(state.started_unix as i64),
+    );
+    reg.register(
+        "millrace_server_previous_stop_unclean",
+        "1 when the server before this one on this home did not stop in order (a crash or a kill)",
+        g(state.previous_stop_unclean as i64),
+    );
+    reg.register(
+        "millrace_pools_found_unclean",
+        "Pools found recorded in use when this server took them into service (resynced)",
+        g(state.found_unclean.read().len() as i64),
+    );
 }

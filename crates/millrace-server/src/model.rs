@@ -343,6 +343,12 @@ pub struct ShareView {
 pub struct Status {
     pub version: String,
     pub uptime_s: u64,
+    /// When this server started (seconds since the Unix epoch).
+    pub started_unix: u64,
+    /// The server before this one on this home did not stop in order (a crash or a kill).
+    pub previous_stop_unclean: bool,
+    /// Pools found recorded in use at this start (resynced).
+    pub pools_found_unclean: Vec<String>,
     pub pools: usize,
     pub volumes: usize,
     pub exports: usize,

@@ -52,6 +52,11 @@ impl State {
             meters: Meters::default(),
             nbd_listeners: Default::default(),
             started: Instant::now(),
+            started_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            previous_stop_unclean: false,
+            found_unclean: Default::default(),
             bench_memory: crate::DEFAULT_BENCH_MEMORY,
         };
         let wanted = |n: &String| only.is_none_or(|o| o.contains(&n.as_str()));
@@ -78,6 +83,9 @@ impl State {
         // A server logs them; the CLI without one prints them from the pool's view.
         for n in pool.notes.iter().filter(|_| self.serving) {
             tracing::warn!(pool = %name, "{n}");
+        }
+        if self.serving && pool.found_unclean {
+            self.found_unclean.write().push(name.clone());
         }
         // Volumes write to the array directly: record the pool in use now, so a crash while
         // serving is noticed at the next import and the dirty regions are resynced.

@@ -20,6 +20,9 @@ pub fn status(s: &Arc<State>) -> R<Status> {
     Ok(Status {
         version: env!("CARGO_PKG_VERSION").to_string(),
         uptime_s: s.started.elapsed().as_secs(),
+        started_unix: s.started_unix,
+        previous_stop_unclean: s.previous_stop_unclean,
+        pools_found_unclean: s.found_unclean.read().clone(),
         pools: entries.len(),
         volumes,
         exports: ex.nvme.len() + ex.nbd.len(),

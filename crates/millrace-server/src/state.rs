@@ -44,6 +44,15 @@ pub struct State {
         std::collections::HashMap<String, Vec<tokio::task::JoinHandle<std::io::Result<()>>>>,
     >,
     pub started: Instant,
+    /// When this server started, in seconds since the Unix epoch (for /metrics and the
+    /// dashboard: a restart after a crash shows as a recent start).
+    pub started_unix: u64,
+    /// The server before this one on this home did not stop in order (it crashed or was
+    /// killed): it left its server file behind.
+    pub previous_stop_unclean: bool,
+    /// Pools that were found recorded in use when this server took them into service (a
+    /// server holding them ended without closing them), so their dirty regions were resynced.
+    pub found_unclean: RwLock<Vec<String>>,
     /// The most memory one bench run may use for its requests' buffers.
     pub bench_memory: u64,
 }

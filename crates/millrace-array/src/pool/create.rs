@@ -259,6 +259,7 @@ impl Pool {
             array,
             dirty: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
+            found_unclean: false,
             notes,
         }
     }

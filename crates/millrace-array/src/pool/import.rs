@@ -67,7 +67,7 @@ impl Pool {
         let name = sb.name.clone();
         // Read before any commit below rewrites the superblocks as the current version.
         let format = sb.format;
-        let pool = Pool::assemble_from(sb, m.drives, m.paths, m.spares, m.notes);
+        let mut pool = Pool::assemble_from(sb, m.drives, m.paths, m.spares, m.notes);
         if !force {
             pool.refuse_lost_at_crash(&lost_at_crash, &name)?;
         }
@@ -79,6 +79,7 @@ impl Pool {
             *pool.meta.sb.lock() = sb;
         }
         if !pool.superblock().clean {
+            pool.found_unclean = true;
             pool.recover_after_crash(format)?;
         } else if pool.array.geometry().level.is_parity() && pool.discard_log(format) {
             tracing::warn!(

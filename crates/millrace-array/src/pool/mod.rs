@@ -112,6 +112,9 @@ pub struct Pool {
     stopping: AtomicBool,
     /// Things worth telling the admin (unequal sizes, stale members, ...).
     pub notes: Vec<String>,
+    /// The pool was found recorded in use when it was assembled (whoever held it did not
+    /// close it: a crash or a kill) and its dirty rows were resynced.
+    pub found_unclean: bool,
 }
 
 fn now() -> u64 {

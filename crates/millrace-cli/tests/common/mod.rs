@@ -66,6 +66,11 @@ impl Drop for Server {
 }
 
 impl Server {
+    /// Whether the server process still runs.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.0.try_wait(), Ok(None))
+    }
+
     /// Kills the server outright (SIGKILL), as a crash would, and reaps it.
     pub fn kill(mut self) {
         let _ = self.0.kill();
