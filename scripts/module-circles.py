@@ -1,12 +1,20 @@
 #!/usr/bin/env python3
-"""Finds modules of a crate that import each other, directly or in a circle (issue #20).
+"""Checks the layering of the workspace: modules of a crate that import each other, directly or
+in a circle (issue #20), and workspace crates that depend on crates their layer may not use.
 
 A module's subtree (its file and its submodules) depends on a sibling module when any of its
 files names that sibling by path (`crate::a::b`, `super::b`, `self::b`, or a `use` group of
 them). A parent and its child naming each other is Rust's normal shape and is not counted;
 test modules (`#[cfg(test)]` to the end of a file) may reach anywhere. Written by hand because
 no maintained cargo tool reports circles between modules (cargo-modules draws the graph but
-does not fail a build). Exits 1 when a circle exists.
+does not fail a build).
+
+Crates: every crates/*/Cargo.toml (and its fuzz/Cargo.toml, counted as tests) is read, and each
+dependency on another workspace crate must be listed for it in CRATE_DEPS (what it ships with)
+or TEST_DEPS (what only its tests, examples and fuzz targets use). The tables are the graph
+docs/ARCHITECTURE.md ("Crates and what each may depend on") states: a new edge fails here until
+the table and that page are changed together, and so does an edge listed but no longer there.
+Exits 1 when a circle or an edge outside the tables exists.
 Usage: scripts/module-circles.py [CRATES_DIR]
 """
 
@@ -14,6 +22,44 @@ import os
 import re
 import sys
 from collections import defaultdict
+
+try:
+    import tomllib
+except ImportError:  # Python before 3.11
+    tomllib = None
+
+# What each crate may depend on in the workspace (names without "millrace-"): today's graph,
+# every edge going down the layers but the known gaps marked. Keep in step with
+# docs/ARCHITECTURE.md.
+CRATE_DEPS = {
+    "io": set(),
+    "parity": set(),
+    "rdma": set(),
+    "block": {"io"},
+    "array": {"block", "io", "parity"},
+    "volume": {"block"},  # the pool is a BlockDevice here: never the array crate
+    "nbd": {"block", "io"},
+    "nvmf": {"block", "io"},
+    "nvmf-rdma": {"io", "nvmf", "rdma"},
+    "bench": {"array"},
+    "server": {"array", "bench", "block", "io", "nbd", "nvmf", "nvmf-rdma", "rdma", "volume"},
+    # Known gap: the service layer and its request types live in millrace-server, so the CLI
+    # links the whole server (exports, HTTP) for its in-process mode, and reaches array and
+    # volume for types it prints (Level, PoolInfo, ScrubReport, VolumeInfo).
+    "cli": {"array", "bench", "server", "volume"},
+}
+# What tests, examples and fuzz targets may add. Known gap: millrace-nvmf's bench example
+# (examples/nvmf_bench.rs) exports a real pool, so an export crate's dev-dependencies reach the
+# array.
+TEST_DEPS = {
+    "nvmf": {"array"},
+    "nvmf-rdma": {"block"},
+}
+SECTIONS = (
+    ("dependencies", "crate"),
+    ("build-dependencies", "crate"),
+    ("dev-dependencies", "test"),
+)
 
 PATH = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)+)")
 USE_GROUP = re.compile(r"\buse\s+(crate|super|self)::\{([^;]*)\}", re.DOTALL)
@@ -120,9 +166,68 @@ def circles(deps):
     return found
 
 
+def workspace_deps(manifest, names):
+    """Names (without "millrace-") of the workspace crates a Cargo.toml depends on, by section
+    kind: "crate" for [dependencies] and [build-dependencies], "test" for [dev-dependencies]."""
+    with open(manifest, "rb") as f:
+        toml = tomllib.load(f)
+    tables = [toml] + list(toml.get("target", {}).values())
+    out = {"crate": set(), "test": set()}
+    for t in tables:
+        for section, kind in SECTIONS:
+            for name, spec in t.get(section, {}).items():
+                name = spec.get("package", name) if isinstance(spec, dict) else name
+                short = name.removeprefix("millrace-")
+                if name.startswith("millrace-") and short in names:
+                    out[kind].add(short)
+    return out
+
+
+def crate_layering(root):
+    """Sentences, one per edge of the workspace graph that the tables do not allow, and per
+    edge the tables list that is no longer there."""
+    if tomllib is None:
+        return ["reading Cargo.toml needs Python 3.11 or later (tomllib)"]
+    names = {
+        c.removeprefix("millrace-")
+        for c in os.listdir(root)
+        if os.path.isfile(os.path.join(root, c, "Cargo.toml"))
+    }
+    out = [
+        f"millrace-{n}: not in CRATE_DEPS; give it a layer there and in docs/ARCHITECTURE.md"
+        for n in sorted(names - CRATE_DEPS.keys())
+    ]
+    for n in sorted(names & CRATE_DEPS.keys()):
+        deps = workspace_deps(os.path.join(root, "millrace-" + n, "Cargo.toml"), names)
+        fuzz = os.path.join(root, "millrace-" + n, "fuzz", "Cargo.toml")
+        if os.path.isfile(fuzz):
+            f = workspace_deps(fuzz, names)
+            deps["test"] |= (f["crate"] | f["test"]) - {n}
+        tests = deps["test"] - deps["crate"]
+        checks = (
+            ("depends on", deps["crate"], CRATE_DEPS[n]),
+            ("tests depend on", tests, TEST_DEPS.get(n, set())),
+        )
+        for kind, have, allowed in checks:
+            for d in sorted(have - allowed):
+                out.append(
+                    f"millrace-{n} {kind} millrace-{d}, which its layer may not use"
+                    " (CRATE_DEPS/TEST_DEPS in this script, docs/ARCHITECTURE.md)"
+                )
+            for d in sorted(allowed - have):
+                out.append(
+                    f"millrace-{n} no longer {kind} millrace-{d}: take it out of this"
+                    " script's table and docs/ARCHITECTURE.md"
+                )
+    return out
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else "crates"
     bad = 0
+    for line in crate_layering(root):
+        bad += 1
+        print(line)
     for crate in sorted(os.listdir(root)):
         src = os.path.join(root, crate, "src")
         if not os.path.isdir(src):

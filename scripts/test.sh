@@ -26,7 +26,7 @@ step() {
 
 step "cargo fmt" cargo fmt --all --check
 step "cargo clippy" cargo clippy --workspace --all-targets -q -- -D warnings
-step "modules: no two of a crate import each other" python3 scripts/module-circles.py
+step "layering: no two modules of a crate import each other; crate dependencies as docs/ARCHITECTURE.md" python3 scripts/module-circles.py
 step "sizes: no function over 100 lines, no file over 800" python3 scripts/code-sizes.py
 step "dependencies: none unused (cargo machete)" bash scripts/unused-deps.sh
 step "cargo test" cargo test --workspace -q

@@ -1,5 +1,5 @@
 //! Millrace's data-path foundation, below both the array engine and the exports; it knows
-//! nothing of RAID or of protocols (DESIGN.md, "The data path").
+//! nothing of RAID or of protocols (docs/ARCHITECTURE.md, "4. The data path").
 //!
 //! - [`BufPool`] / [`IoBuf`]: one 4 KiB-aligned region mapped at start-up, sliced per core,
 //!   bounded, with back-pressure. A request takes an owned buffer, receives its payload into it,
