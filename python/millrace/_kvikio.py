@@ -219,6 +219,26 @@ def opened(filename: str, flags: str, path: str):
         f.close()
 
 
+@contextlib.contextmanager
+def opened_or_posix(filename: str, flags: str, path: str, fallback: bool):
+    """``opened``, except that with ``fallback`` (the path was chosen, not forced) a file that
+    cuFile refuses (cuFileHandleRegister fails: a filesystem it cannot use) is opened on
+    KvikIO's POSIX path instead, as KvikIO's AUTO mode would. Yields (handle, path used)."""
+    try:
+        ctx = opened(filename, flags, path)
+        f = ctx.__enter__()
+    except Exception:
+        if not fallback or path == "kvikio-posix":
+            raise
+        path = "kvikio-posix"
+        ctx = opened(filename, flags, path)
+        f = ctx.__enter__()
+    try:
+        yield f, path
+    finally:
+        ctx.__exit__(None, None, None)
+
+
 def configure(threads: int, task_size: int) -> None:
     """KvikIO's thread pool size and task size (changed only when they differ: a new pool
     size restarts the pool)."""
@@ -267,7 +287,7 @@ class _DevicePtr:
         }
 
 
-_registered: dict = {}  # data_ptr -> weakref.finalize
+_registered: dict = {}  # storage data_ptr -> weakref.finalize on the storage
 
 
 def _deregister(ptr: int, nbytes: int) -> None:
@@ -278,22 +298,31 @@ def _deregister(ptr: int, nbytes: int) -> None:
 
 
 def register_once(tensor) -> bool:
-    """Register ``tensor``'s allocation with cuFile unless done already (for buffers that are
-    written or read again and again: a model's parameters, a bench's buffer). Deregistered
-    when the tensor is garbage collected. False when cuFile refused (the allocation may be
-    registered through another tensor in it); transfers work either way, registration only
-    saves cuFile its own bounce buffer."""
-    ptr = int(tensor.data_ptr())
+    """Register the GPU memory under ``tensor`` with cuFile unless done already, for buffers
+    written or read again and again (a model's parameters, a bench's buffer).
+
+    Kept per storage, not per tensor object: ``model.state_dict()`` hands out new tensor
+    objects on every call, over the same storages. Deregistered when the storage is freed
+    (PyTorch keeps one Python object per live storage, so a finalizer on it runs then). False
+    when cuFile refused, e.g. because KvikIO registers the whole CUDA allocation and another
+    storage in the same allocation registered it already; transfers work either way, a
+    registered buffer only spares cuFile its own bounce buffer."""
+    storage = tensor.untyped_storage()
+    ptr, nbytes = int(storage.data_ptr()), int(storage.nbytes())
     with _lock:
         if ptr in _registered:
             return True
         kv = module()
         try:
-            kv.memory_register(tensor)
+            fin = weakref.finalize(storage, _deregister, ptr, nbytes)
+        except TypeError:
+            return False  # no way to know when it is freed: leave it unregistered
+        try:
+            kv.memory_register(_DevicePtr(ptr, nbytes))
         except Exception:
+            fin.detach()
             return False
-        nbytes = tensor.numel() * tensor.element_size()
-        _registered[ptr] = weakref.finalize(tensor, _deregister, ptr, nbytes)
+        _registered[ptr] = fin
         return True
 
 
@@ -305,18 +334,22 @@ def registered_count() -> int:
 # transfers
 
 
-def pread(filename: str, dest, offset: int, length: int, path: str, chunk: int) -> None:
+def pread(
+    filename: str, dest, offset: int, length: int, path: str, chunk: int, fallback: bool = False
+) -> str:
     """Fill ``dest`` (a NumPy uint8 array or a CUDA uint8 tensor of ``length`` bytes) with the
-    file's bytes [offset, offset+length), one KvikIO handle, tasks of ``chunk`` bytes."""
+    file's bytes [offset, offset+length), one KvikIO handle, tasks of ``chunk`` bytes. Returns
+    the path used (see ``opened_or_posix`` for ``fallback``)."""
     if length == 0:
-        return
-    with opened(filename, "r", path) as f:
+        return path
+    with opened_or_posix(filename, "r", path, fallback) as (f, path):
         got = f.pread(dest, length, offset, task_size=chunk).get()
     if got < length:
         raise TruncatedFileError(
             f"{filename!r} ended at byte {offset + got} while reading up to byte "
             f"{offset + length}; the file was truncated (or is being rewritten)."
         )
+    return path
 
 
 def write_file(
@@ -328,12 +361,13 @@ def write_file(
     chunk: int,
     fsync: bool,
     header: Optional[bytes] = None,
-) -> dict:
+    fallback: bool = False,
+) -> tuple:
     """Write ``segments`` [(file_offset, nbytes, kind, src)] into a new file of ``size`` bytes
     (zeros elsewhere) through one KvikIO handle; ``header`` goes at offset 0 last, after an
-    fsync of the rest, then the file is fsynced. Returns bytes moved per path."""
+    fsync of the rest, then the file is fsynced. Returns (path used, bytes moved per path)."""
     by_path: dict = {}
-    with opened(filename, "w", path) as f:
+    with opened_or_posix(filename, "w", path, fallback) as (f, path):
         os.ftruncate(f.fileno(), size)
         futures = []
         for off, n, kind, src in segments:
@@ -355,7 +389,7 @@ def write_file(
                 raise OSError(f"KvikIO wrote {done} of {head.size} header bytes of {filename!r}")
         if fsync:
             os.fsync(f.fileno())
-    return by_path
+    return path, by_path
 
 
 def timed():

@@ -46,7 +46,7 @@ def save_checkpoint(
             f"save_checkpoint needs a mapping of names to tensors, got {type(state_dict).__name__}."
         )
     torch = _gpu.torch_module()
-    entries, sources = [], {}
+    entries, sources, reused = [], {}, []
     for name, value in state_dict.items():
         if not isinstance(name, str):
             raise TypeError(f"state dict keys must be str, got {name!r}.")
@@ -55,6 +55,8 @@ def save_checkpoint(
                 raise TypeError(f"tensor {name!r} is sparse; call .to_dense() before saving it.")
             flat = _gpu.tensor_bytes(value)
             src = ("cuda", flat) if flat.is_cuda else ("host", flat.numpy())
+            if flat.is_cuda and value.is_contiguous():
+                reused.append(value)  # its memory is written again at the next save
             shape = tuple(value.shape)
         elif isinstance(value, np.ndarray):
             arr = value if value.flags.c_contiguous else value.copy(order="C")
@@ -92,7 +94,7 @@ def save_checkpoint(
         header=header,
         via=via,
         op="save",
-        register=True,
+        register=tuple(reused),
     )
     return size
 
@@ -139,7 +141,8 @@ def load_checkpoint(
                 data = _io.aligned_empty(h.data_size)
             else:
                 data = torch.empty(h.data_size, dtype=torch.uint8, device=dev)
-            _kvikio.pread(f.path, data, h.data_start, h.data_size, route, chunk)
+            auto = _kvikio.requested(_via(via, gds)) == "auto"
+            route = _kvikio.pread(f.path, data, h.data_start, h.data_size, route, chunk, auto)
         elif dev is None:
             data = _io.read_range_host(f, h.data_start, h.data_size, threads, chunk)
         else:

@@ -51,7 +51,8 @@ def read(
         else:
             torch = _gpu.torch_module()
             dest = torch.empty(length, dtype=torch.uint8, device=dev)
-        _kvikio.pread(path, dest, offset, length, route, chunk)
+        auto = _kvikio.requested(_via(via, gds)) == "auto"
+        route = _kvikio.pread(path, dest, offset, length, route, chunk, fallback=auto)
         _kvikio.record("read", route, length, time.perf_counter() - t0)
         return dest
     with _io.InputFile(path, direct) as f:
@@ -159,14 +160,14 @@ def write_segments(
     header: Optional[bytes] = None,
     via: Optional[str] = None,
     op: str = "write",
-    register: bool = False,
+    register: tuple = (),
 ) -> str:
     """Write a file made of ``segments`` [(file_offset, nbytes, kind, src)] and zeros elsewhere.
 
     If ``header`` is given it is written at offset 0 last, after the rest is fsynced, so a crash
     can only leave a file whose header is still zero (which no reader accepts). Returns the
-    path that moved the bytes (GPU memory's where there was any). ``register``: register CUDA
-    sources with cuFile once (they are written again: a model's parameters) on the gds path.
+    path that moved the bytes (GPU memory's where there was any). ``register``: CUDA tensors to
+    register with cuFile once (written again and again: a model's parameters) on the gds path.
     """
     threads = _io.default_threads(threads)
     t0 = time.perf_counter()
@@ -187,13 +188,19 @@ def write_segments(
         if has_cuda:
             torch = _gpu.torch_module()
             torch.cuda.synchronize()
-            if register and route == "gds":
-                for seg in segments:
-                    if seg[2] == "cuda":
-                        _kvikio.register_once(seg[3])
+            if route == "gds":
+                for t in register:
+                    _kvikio.register_once(t)
         try:
-            by_path = _kvikio.write_file(
-                tmp, size, segments, path=route, chunk=chunk, fsync=fsync, header=header
+            route, by_path = _kvikio.write_file(
+                tmp,
+                size,
+                segments,
+                path=route,
+                chunk=chunk,
+                fsync=fsync,
+                header=header,
+                fallback=_kvikio.requested(via) == "auto",
             )
             if atomic:
                 os.replace(tmp, path)

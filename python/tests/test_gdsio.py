@@ -112,7 +112,9 @@ def test_gpu_transfer_types_say_why_they_cannot_run_without_a_gpu(tmp_path, xfer
 @pytest.mark.parametrize("io_type", [0, 1, 2, 3])
 def test_gpu_transfer_types(tmp_path, capsys, xfer, io_type):
     if xfer == "0":
-        why = bench.gds_usable(str(tmp_path))
+        probe = tmp_path / "probe"
+        probe.write_bytes(b"x" * 8192)
+        why = bench.gds_usable(str(probe))
         if why:
             pytest.skip(f"GPUD: {why}")
     f = str(tmp_path / "f")

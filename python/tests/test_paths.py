@@ -196,6 +196,8 @@ class FakeKvikIO:
         self.cufile, self.gds = cufile, gds
         self.settings = {"compat_mode": compat, "num_threads": 1, "task_size": 4 << 20}
         self.opened: list = []  # (filename, flags, compat mode at open)
+        self.refuse = False  # cuFileHandleRegister fails (a filesystem cuFile cannot use)
+        self.deregistered: list = []
         self.registered: list = []
         self.tasks: list = []
 
@@ -227,7 +229,7 @@ class FakeKvikIO:
             def __init__(self, filename, flags="r"):
                 mode = fake.settings["compat_mode"]
                 fake.opened.append((filename, flags, mode))
-                if mode == 0 and not fake.cufile:
+                if mode == 0 and (fake.refuse or not fake.cufile):
                     raise RuntimeError("cuFile not available (compat mode OFF)")
                 f = os.O_RDWR | os.O_CREAT | (os.O_TRUNC if "w" in flags else 0)
                 self.fd = os.open(filename, f if flags != "r" else os.O_RDONLY, 0o644)
@@ -258,7 +260,10 @@ class FakeKvikIO:
         self.CuFile = CuFile
 
     def memory_register(self, buf):
-        self.registered.append(buf)
+        self.registered.append(buf.__cuda_array_interface__["data"][0])
+
+    def memory_deregister(self, buf):
+        self.deregistered.append(buf.__cuda_array_interface__["data"][0])
 
 
 class _Setting:
@@ -386,3 +391,55 @@ def test_a_failed_kvikio_write_leaves_no_file(fake_kvikio, tmp_path, monkeypatch
     with pytest.raises(OSError, match="wrote"):
         millrace.write(str(p), np.zeros(10, np.uint8), via="kvikio-posix")
     assert p.read_bytes() == b"old" and os.listdir(tmp_path) == ["f.bin"]
+
+
+def test_chosen_cufile_path_falls_back_to_posix_where_cufile_refuses_the_file(
+    fake_kvikio, tmp_path
+):
+    fake = fake_kvikio(cufile=True, gds=True)
+    fake.refuse = True
+    p = tmp_path / "f"
+    p.write_bytes(bytes(range(256)) * 40)
+    dest = np.zeros(5000, np.uint8)
+    # forced: the error is KvikIO's, nothing else is tried
+    with pytest.raises(RuntimeError, match="cuFile"):
+        _kvikio.pread(str(p), dest, 100, 5000, "gds", 4096, fallback=False)
+    # chosen: KvikIO's POSIX path, and that is what is reported
+    assert _kvikio.pread(str(p), dest, 100, 5000, "gds", 4096, fallback=True) == "kvikio-posix"
+    assert dest.tobytes() == p.read_bytes()[100:5100]
+    assert [o[2] for o in fake.opened] == [0, 0, 1]
+
+
+class _Storage:
+    def __init__(self, ptr, n):
+        self.ptr, self.n = ptr, n
+
+    def data_ptr(self):
+        return self.ptr
+
+    def nbytes(self):
+        return self.n
+
+
+class _Tensor:
+    """A new object each time over the same storage, as model.state_dict() gives."""
+
+    def __init__(self, storage):
+        self.storage = storage
+
+    def untyped_storage(self):
+        return self.storage
+
+
+def test_buffers_are_registered_once_per_storage_and_deregistered_when_freed(fake_kvikio):
+    import gc
+
+    fake = fake_kvikio()
+    st = _Storage(0x7F0000001000, 1 << 20)
+    for _ in range(3):
+        assert _kvikio.register_once(_Tensor(st))
+    assert fake.registered == [st.ptr] and fake.deregistered == []
+    del st
+    gc.collect()
+    assert fake.deregistered == [0x7F0000001000]
+    assert _kvikio.registered_count() == 0
