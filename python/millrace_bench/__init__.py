@@ -1,10 +1,12 @@
 """gdsio-like benchmark of the millrace client.
 
-``python -m millrace_bench FILE --sizes 4K,1M --threads 1,4 ...``
+``python -m millrace_bench FILE --sizes 4K,1M --threads 1,4 ...`` (the grid, below),
+``millrace-bench gds -f FILE -x 0 -w 8 -i 1M ...`` (gdsio's flags and line: gdsio.py) and
+``millrace-bench parquet DIR`` (cuDF, KvikIO compat mode off and on: parquet.py).
 
 Modes (as gdsio's -x): ``cpu`` reads into aligned host memory (O_DIRECT), ``cpu-gpu`` reads
 into a pinned buffer and copies it to GPU memory (bounce), ``gds`` reads with cuFile straight
-into GPU memory. Each thread reads its own contiguous region of the file, sequentially (or at
+into GPU memory (KvikIO's cuFile handle). Each thread reads its own contiguous region of the file, sequentially (or at
 random with --pattern rand), one transfer at a time; latency is per transfer, from the start of
 its read until its bytes are on the GPU in cpu-gpu mode. In cpu-gpu mode transfers under
 --coalesce bytes (1M) are still read one by one but go to the GPU a batch per copy, overlapped
