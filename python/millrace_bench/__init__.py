@@ -6,8 +6,8 @@
 
 Modes (as gdsio's -x): ``cpu`` reads into aligned host memory (O_DIRECT), ``cpu-gpu`` reads
 into a pinned buffer and copies it to GPU memory (bounce), ``gds`` reads with cuFile straight
-into GPU memory (KvikIO's cuFile handle). Each thread reads its own contiguous region of the file, sequentially (or at
-random with --pattern rand), one transfer at a time; latency is per transfer, from the start of
+into GPU memory (KvikIO's cuFile handle). Each thread reads its own contiguous region of the
+file, sequentially (or at random with --pattern rand), one transfer at a time; latency is per transfer, from the start of
 its read until its bytes are on the GPU in cpu-gpu mode. In cpu-gpu mode transfers under
 --coalesce bytes (1M) are still read one by one but go to the GPU a batch per copy, overlapped
 with the next batch's reads (--coalesce 0: one copy per transfer, waited for, as gdsio). With
