@@ -6,13 +6,16 @@
     millrace.save_checkpoint(model.state_dict(), "/ckpt/step-1000.safetensors")
     state = millrace.load_checkpoint("/ckpt/step-1000.safetensors", device="cuda")
 
-Only NumPy is required. PyTorch is used for GPU memory when installed, and GPUDirect Storage
-(cuFile) when the CUDA toolkit's libcufile is present.
+Only NumPy is required. PyTorch is used for GPU memory when installed, and RAPIDS KvikIO
+(``pip install millrace[gpu-cu12]`` or ``[gpu-cu13]``) for GPUDirect Storage, cuFile's
+compatibility mode or KvikIO's POSIX path; ``millrace.last_transfer()`` says which moved the
+bytes of the last call, ``MILLRACE_GPU_PATH`` or ``via=`` forces one.
 """
 
 from __future__ import annotations
 
 from ._gpu import describe
+from ._kvikio import PATHS, last_transfer
 from .checkpoint import load_checkpoint, save_checkpoint
 from .core import read, write
 from .errors import (
@@ -26,6 +29,7 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "PATHS",
     "DTypeMismatchError",
     "DeviceUnavailableError",
     "FormatError",
@@ -33,6 +37,7 @@ __all__ = [
     "ShardDataset",
     "TruncatedFileError",
     "describe",
+    "last_transfer",
     "load_checkpoint",
     "read",
     "save_checkpoint",

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import uuid
 from typing import Any, Optional
 
 import numpy as np
 
-from . import _gpu, _io
+from . import _gpu, _io, _kvikio
+from .errors import TruncatedFileError
 
 
 def read(
@@ -20,30 +22,68 @@ def read(
     length: Optional[int] = None,
     threads: Optional[int] = None,
     chunk: int = _io.DEFAULT_CHUNK,
+    via: Optional[str] = None,
     gds: Optional[bool] = None,
     direct: Optional[bool] = None,
 ):
     """Read a file (or ``length`` bytes at ``offset``) as a flat uint8 buffer.
 
     ``device="cpu"`` gives a NumPy array; ``device="cuda[:N]"`` gives a torch uint8 tensor in GPU
-    memory. Reads are parallel (``threads``), ``chunk``-sized, aligned and O_DIRECT where the
-    filesystem allows. On a GPU, ``gds=None`` uses GPUDirect Storage when it runs natively and
-    the pinned-buffer pipeline otherwise; ``gds=True`` forces cuFile, ``gds=False`` forbids it.
+    memory. ``via`` picks the path (see ``millrace._kvikio``): None reads ``MILLRACE_GPU_PATH``,
+    else "auto": KvikIO for GPU memory where it works (GDS, cuFile's compat mode or KvikIO's
+    POSIX path, as KvikIO says), millrace's own O_DIRECT threads (``cpu``) for host memory and
+    without KvikIO. "gds", "cufile-compat", "kvikio-posix", "cpu" force one, and raise
+    DeviceUnavailableError where it cannot run. ``millrace.last_transfer()`` says which ran.
+    ``gds=True``/``False`` is the older spelling of via="cufile"/"cpu".
     """
     dev = _gpu.check_device(device)
     if offset < 0 or (length is not None and length < 0):
         raise ValueError("offset and length must not be negative.")
-    with _io.InputFile(path, direct) as f:
-        if length is None:
-            if offset > f.size:
-                raise ValueError(f"offset {offset} is past the end of {f.path!r} ({f.size} bytes).")
-            length = f.size - offset
+    route = _kvikio.plan(_via(via, gds), dev is not None)
+    t0 = time.perf_counter()
+    if route != "cpu":
+        path = _io.check_path(os.fspath(path))
+        size = os.path.getsize(path)
+        length = _check_range(path, size, offset, length)
+        _kvikio.configure(_io.default_threads(threads), chunk)
         if dev is None:
-            return _io.read_range_host(f, offset, length, threads, chunk)
-        torch = _gpu.torch_module()
-        dest = torch.empty(length, dtype=torch.uint8, device=dev)
-        _gpu.read_to_device(f, offset, length, dest, threads, chunk, _gpu.use_gds(gds), gds is True)
+            dest = _io.aligned_empty(length)
+        else:
+            torch = _gpu.torch_module()
+            dest = torch.empty(length, dtype=torch.uint8, device=dev)
+        auto = _kvikio.requested(_via(via, gds)) == "auto"
+        route = _kvikio.pread(path, dest, offset, length, route, chunk, fallback=auto)
+        _kvikio.record("read", route, length, time.perf_counter() - t0)
         return dest
+    with _io.InputFile(path, direct) as f:
+        length = _check_range(f.path, f.size, offset, length)
+        if dev is None:
+            out = _io.read_range_host(f, offset, length, threads, chunk)
+        else:
+            torch = _gpu.torch_module()
+            out = torch.empty(length, dtype=torch.uint8, device=dev)
+            _gpu.read_to_device(f, offset, length, out, threads, chunk)
+    _kvikio.record("read", "cpu", length, time.perf_counter() - t0)
+    return out
+
+
+def _via(via: Optional[str], gds: Optional[bool]) -> Optional[str]:
+    if gds is None or via is not None:
+        return via
+    return "cufile" if gds else "cpu"
+
+
+def _check_range(path: str, size: int, offset: int, length: Optional[int]) -> int:
+    if length is None:
+        if offset > size:
+            raise ValueError(f"offset {offset} is past the end of {path!r} ({size} bytes).")
+        return size - offset
+    if offset + length > size:
+        raise TruncatedFileError(
+            f"{path!r} has {size} bytes but bytes {offset}..{offset + length} were asked "
+            "for; the file is truncated or the request is wrong."
+        )
+    return length
 
 
 def as_bytes_source(data) -> tuple[int, Any]:
@@ -79,12 +119,15 @@ def write(
     fsync: bool = True,
     atomic: bool = True,
     direct: Optional[bool] = None,
+    via: Optional[str] = None,
 ) -> int:
     """Write the bytes of ``data`` (NumPy array, torch tensor on any device, bytes) to ``path``.
 
     Parallel aligned writes (O_DIRECT where allowed), then fsync. With ``atomic=True`` the data
     goes to a temporary file in the same directory that is renamed over ``path`` only once it
-    is complete and durable. Returns the number of bytes written.
+    is complete and durable. Returns the number of bytes written. ``via`` picks the path as in
+    ``read``: a CUDA tensor goes through KvikIO (GDS where KvikIO says it is available) by
+    default where KvikIO works, host memory through millrace's own threads.
     """
     path = os.fspath(path)
     nbytes, (kind, src) = as_bytes_source(data)
@@ -98,6 +141,8 @@ def write(
         fsync=fsync,
         atomic=atomic,
         direct=direct,
+        via=via,
+        op="write",
     )
     return nbytes
 
@@ -113,13 +158,19 @@ def write_segments(
     atomic: bool,
     direct: Optional[bool],
     header: Optional[bytes] = None,
-) -> None:
+    via: Optional[str] = None,
+    op: str = "write",
+    register: tuple = (),
+) -> str:
     """Write a file made of ``segments`` [(file_offset, nbytes, kind, src)] and zeros elsewhere.
 
     If ``header`` is given it is written at offset 0 last, after the rest is fsynced, so a crash
-    can only leave a file whose header is still zero (which no reader accepts).
+    can only leave a file whose header is still zero (which no reader accepts). Returns the
+    path that moved the bytes (GPU memory's where there was any). ``register``: CUDA tensors to
+    register with cuFile once (written again and again: a model's parameters) on the gds path.
     """
     threads = _io.default_threads(threads)
+    t0 = time.perf_counter()
     segments = sorted(segments, key=lambda s: s[0])
     starts = [s[0] for s in segments]
     has_cuda = any(s[2] == "cuda" for s in segments)
@@ -131,6 +182,38 @@ def write_segments(
             directory,
         )
     tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}" if atomic else path
+    route = _kvikio.plan(via, has_cuda)
+    if route != "cpu":
+        _kvikio.configure(threads, chunk)
+        if has_cuda:
+            torch = _gpu.torch_module()
+            torch.cuda.synchronize()
+            if route == "gds":
+                for t in register:
+                    _kvikio.register_once(t)
+        try:
+            route, by_path = _kvikio.write_file(
+                tmp,
+                size,
+                segments,
+                path=route,
+                chunk=chunk,
+                fsync=fsync,
+                header=header,
+                fallback=_kvikio.requested(via) == "auto",
+            )
+            if atomic:
+                os.replace(tmp, path)
+                if fsync:
+                    _io.fsync_dir(path)
+        except BaseException:
+            if atomic:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            raise
+        moved = sum(by_path.values())
+        _kvikio.record(op, route, moved, time.perf_counter() - t0, **by_path)
+        return route
     out = _io.OutputFile(tmp, size, direct)
     make_staging = None
     tensor_of: dict = {}
@@ -202,3 +285,5 @@ def write_segments(
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
         raise
+    _kvikio.record(op, "cpu", sum(s[1] for s in segments), time.perf_counter() - t0)
+    return "cpu"

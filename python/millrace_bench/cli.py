@@ -152,6 +152,19 @@ def _printed(rows: list) -> list:
 
 
 def main(argv=None) -> int:
+    """``millrace-bench gds ...`` (gdsio's flags), ``millrace-bench parquet ...`` (cuDF), or
+    the grid: ``millrace-bench FILE --sizes ...``."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "gds":
+        from . import gdsio
+
+        return gdsio.main(argv[1:])
+    if argv and argv[0] == "parquet":
+        from . import parquet
+
+        return parquet.main(argv[1:])
     args = parser().parse_args(argv)
     print(_gpu.describe(), flush=True)
     if args.create and not os.path.exists(args.file):
@@ -182,3 +195,10 @@ def main(argv=None) -> int:
     if args.plot:
         make_plot(rows, args.plot)
     return 0
+
+
+def entry() -> None:
+    """The ``millrace-bench`` console script."""
+    import sys
+
+    sys.exit(main())

@@ -6,8 +6,6 @@ import argparse
 import os
 import resource
 
-from millrace import _gpu, _io
-
 # cpu-gpu mode's default batch: a 1 MiB copy takes about 20 us at H100's pinned rate, and amortised
 # over 256 4 KiB reads it costs well under 1% of them.
 DEFAULT_COALESCE = 1 << 20
@@ -80,15 +78,19 @@ def _median_row(rows: list) -> dict:
 
 
 def gds_usable(path: str) -> str:
-    """Empty if cuFile can read ``path``, else why not."""
-    cf = _gpu.CuFile.get()
-    if cf is None:
-        return _gpu.CuFile.why_not()
-    f = _io.InputFile(path)
+    """Empty if KvikIO can read ``path`` through cuFile (GDS or cuFile's compat mode, compat
+    mode OFF so KvikIO does not fall back quietly), else why not."""
+    from millrace import _kvikio
+
+    why = _kvikio.io_ready()
+    if why:
+        return why
+    if not _kvikio.cufile_usable():
+        return "KvikIO finds no usable cuFile (it prefers its compat mode with AUTO)"
+    route = "gds" if _kvikio.gds_available() else "cufile-compat"
     try:
-        cf.deregister(cf.register(f.fd_direct if f.direct else f.fd_buffered))
+        with _kvikio.opened(path, "r", route):
+            pass
     except Exception as e:
-        return str(e)
-    finally:
-        f.close()
+        return f"KvikIO cannot open {path!r} through cuFile ({e})"
     return ""

@@ -196,7 +196,7 @@ def _cell_worker(job: tuple, t: int, wait) -> dict:
     mode, path, size, region, pattern, coalesce, seconds = job
     torch = _gpu.torch_module() if mode != "cpu" else None
     f = _io.InputFile(path)
-    registered: list = []  # (cufile, handle) to deregister
+    registered: list = []  # callables that undo the set-up (close KvikIO's handle)
     try:
         fd = f.fd_direct if f.direct else f.fd_buffered
         base = t * region
@@ -207,7 +207,7 @@ def _cell_worker(job: tuple, t: int, wait) -> dict:
             if pattern == "rand"
             else (np.arange(1 << 16) % nblocks) * size
         ).tolist()
-        loop = _reader(mode, torch, fd, size, coalesce, registered)
+        loop = _reader(mode, torch, fd, size, coalesce, registered, path)
         if torch is not None:
             torch.cuda.synchronize()
         wait()
@@ -225,12 +225,12 @@ def _cell_worker(job: tuple, t: int, wait) -> dict:
             "verified": verified,
         }
     finally:
-        for cf, handle in registered:
-            cf.deregister(handle)
+        for undo in registered:
+            undo()
         f.close()
 
 
-def _reader(mode: str, torch, fd: int, size: int, coalesce: int, registered: list):
+def _reader(mode: str, torch, fd: int, size: int, coalesce: int, registered: list, path: str):
     """Sets up one mode's buffers (before the timed part) and returns its read loop:
     ``loop(base, offs, t1, end_ns) -> (latencies, last)``, where ``last`` is the device buffer
     and the file offsets of the transfers it holds (None in cpu mode)."""
@@ -245,11 +245,15 @@ def _reader(mode: str, torch, fd: int, size: int, coalesce: int, registered: lis
         if per == 1:
             return functools.partial(_loop_copy_each, fd, size, pins[0], devs[0], stream)
         return functools.partial(_loop_batched, torch, fd, size, per, pins, devs, stream)
-    cf = _gpu.use_gds(True)
-    handle = cf.register(fd)
-    registered.append((cf, handle))
+    from millrace import _kvikio
+
+    route = "gds" if _kvikio.gds_available() else "cufile-compat"
+    ctx = _kvikio.opened(path, "r", route)
+    handle = ctx.__enter__()
+    registered.append(lambda: ctx.__exit__(None, None, None))
     dev = torch.empty(size, dtype=torch.uint8, device="cuda")
-    return functools.partial(_loop_gds, cf.read, handle, dev, dev.data_ptr(), size)
+    _kvikio.register_once(dev)
+    return functools.partial(_loop_gds, handle.raw_read, dev, size)
 
 
 def _loop_cpu(fd, size, buf, base, offs, t1, end_ns):
@@ -352,8 +356,9 @@ def _loop_batched(torch, fd, size, per, pins, devs, stream, base, offs, t1, end_
     return lat, last
 
 
-def _loop_gds(read_, handle, dev, ptr, size, base, offs, t1, end_ns):
-    """gds: each transfer read by cuFile straight into GPU memory."""
+def _loop_gds(read_, dev, size, base, offs, t1, end_ns):
+    """gds: each transfer read by cuFile (KvikIO's raw_read: one cuFileRead, no thread pool)
+    straight into GPU memory."""
     clock = time.perf_counter_ns
     lat: list = []
     append = lat.append
@@ -362,7 +367,7 @@ def _loop_gds(read_, handle, dev, ptr, size, base, offs, t1, end_ns):
     while t1 < end_ns:
         off = base + offs[k & mask]
         t0 = clock()
-        got = read_(handle, ptr, size, off, 0)
+        got = read_(dev, size, off, 0)
         t1 = clock()
         append(t1 - t0)
         k += 1

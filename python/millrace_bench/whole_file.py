@@ -109,9 +109,11 @@ def whole_file(path: str, threads: int, repeat: int, h2d: Optional[float] = None
         variants["whole-naive-torch"] = on_gpu(
             lambda: torch.from_numpy(np.fromfile(path, dtype=np.uint8)).cuda()
         )
-        variants["whole-cpu-gpu"] = on_gpu(lambda: read(path, "cuda", threads=threads, gds=False))
+        variants["whole-cpu-gpu"] = on_gpu(lambda: read(path, "cuda", threads=threads, via="cpu"))
         if not gds_usable(path):
-            variants["whole-gds"] = on_gpu(lambda: read(path, "cuda", threads=threads, gds=True))
+            variants["whole-gds"] = on_gpu(
+                lambda: read(path, "cuda", threads=threads, via="cufile")
+            )
     times: dict = {k: [] for k in variants}
     fio_rates = []
     verified = {}

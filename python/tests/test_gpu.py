@@ -18,21 +18,31 @@ def torch():
 
 
 @pytest.mark.parametrize("size", [1, 4097, (5 << 20) + 3])
-@pytest.mark.parametrize("gds", [False, None, True])
-def test_read_to_gpu(tmp_path, torch, size, gds):
-    import millrace_bench as bench
+@pytest.mark.parametrize("via", ["cpu", "kvikio-posix", "cufile", "auto"])
+def test_read_to_gpu(tmp_path, torch, size, via):
+    from millrace import _kvikio
 
     data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
     p = tmp_path / "f.bin"
     p.write_bytes(data.tobytes())
-    why = bench._gds_usable(str(p))
-    if gds and why:
-        pytest.skip(f"cuFile cannot read files here: {why}")
-    out = millrace.read(str(p), device="cuda", threads=4, chunk=1 << 20, gds=gds)
+    try:
+        route = _kvikio.plan(via, True)
+    except millrace.DeviceUnavailableError as e:
+        pytest.skip(f"path {via}: {e}")
+    if route in ("gds", "cufile-compat") and bench_gds_why(p):
+        pytest.skip(f"cuFile cannot read files here: {bench_gds_why(p)}")
+    out = millrace.read(str(p), device="cuda", threads=4, chunk=1 << 20, via=via)
+    assert millrace.last_transfer()["path"] == route
     assert out.is_cuda and out.dtype == torch.uint8
     assert np.array_equal(out.cpu().numpy(), data)
-    part = millrace.read(str(p), device="cuda", offset=size // 3, length=size // 2, gds=gds)
+    part = millrace.read(str(p), device="cuda", offset=size // 3, length=size // 2, via=via)
     assert np.array_equal(part.cpu().numpy(), data[size // 3 : size // 3 + size // 2])
+
+
+def bench_gds_why(p) -> str:
+    import millrace_bench as bench
+
+    return bench.gds_usable(str(p))
 
 
 def test_write_from_gpu(tmp_path, torch):
@@ -82,20 +92,40 @@ def test_dataset_on_gpu_matches_cpu(tmp_path, torch):
         assert np.array_equal(a["y"], b["y"].cpu().numpy())
 
 
-def test_gds_forced_where_it_cannot_work_is_a_clear_error(tmp_path):
-    import millrace_bench as bench
-    from millrace import _gpu
+def test_a_path_forced_where_it_cannot_work_is_a_clear_error(tmp_path):
+    from millrace import _kvikio
 
     p = tmp_path / "f.bin"
     p.write_bytes(b"x" * 10)
-    why = bench._gds_usable(str(p))
-    if not why:
-        pytest.skip("cuFile works on this filesystem")
-    err = millrace.DeviceUnavailableError if _gpu.CuFile.get() is None else millrace.MillraceError
-    with pytest.raises(err, match="gds=None"):
-        millrace.read(str(p), device="cuda", gds=True)
-    # the automatic choice falls back to pinned buffers instead
+    for via in ("gds", "cufile-compat", "kvikio-posix"):
+        try:
+            _kvikio.plan(via, True)
+        except millrace.DeviceUnavailableError as e:
+            with pytest.raises(millrace.DeviceUnavailableError):
+                millrace.read(str(p), device="cuda", via=via)
+            assert str(e)
+    # the automatic choice reads it on whatever path KvikIO (or its absence) allows
     assert millrace.read(str(p), device="cuda").cpu().numpy().tobytes() == b"x" * 10
+    assert millrace.last_transfer()["path"] in millrace.PATHS
+
+
+def test_checkpoint_from_gpu_registers_buffers_once(tmp_path, torch):
+    from millrace import _kvikio
+
+    try:
+        route = _kvikio.plan("gds", True)
+    except millrace.DeviceUnavailableError as e:
+        pytest.skip(f"needs GDS: {e}")
+    sd = {f"w{i}": torch.randn(1 << 20, device="cuda") for i in range(4)}
+    p = str(tmp_path / "c.safetensors")
+    millrace.save_checkpoint(sd, p)
+    assert millrace.last_transfer()["path"] == route
+    n = _kvikio.registered_count()
+    millrace.save_checkpoint(sd, p)
+    assert _kvikio.registered_count() == n  # registered on the first save only
+    back = millrace.load_checkpoint(p, device="cuda")
+    for k, v in sd.items():
+        assert torch.equal(back[k], v), k
 
 
 def test_bench_gpu_modes(tmp_path):
