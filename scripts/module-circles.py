@@ -52,6 +52,8 @@ CRATE_DEPS = {
 # (examples/nvmf_bench.rs) exports a real pool, so an export crate's dev-dependencies reach the
 # array.
 TEST_DEPS = {
+    # The hang-up tests drive `millrace serve` with the crate's own NVMe/TCP initiator.
+    "cli": {"nvmf"},
     "nvmf": {"array"},
     "nvmf-rdma": {"block"},
 }

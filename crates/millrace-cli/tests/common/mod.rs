@@ -81,11 +81,17 @@ impl Server {
 /// Starts `millrace serve` for the home in `dir` (API on a free loopback port, no NVMe/TCP),
 /// once it listens: it writes server.json then, where the CLI finds it.
 pub fn serve(dir: &Path) -> Server {
+    serve_with(dir, &["--no-nvme"])
+}
+
+/// `serve` with these arguments after `--api` (`--no-nvme` or an NVMe/TCP address).
+pub fn serve_with(dir: &Path, args: &[&str]) -> Server {
     let home = dir.join("home");
     let log = std::fs::File::create(dir.join("serve.log")).unwrap();
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_millrace"))
         .env("MILLRACE_HOME", &home)
-        .args(["serve", "--api", "127.0.0.1:0", "--no-nvme"])
+        .args(["serve", "--api", "127.0.0.1:0"])
+        .args(args)
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
