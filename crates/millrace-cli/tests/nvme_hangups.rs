@@ -65,13 +65,12 @@ fn serve(dir: &Path, nvme: SocketAddr) -> (common::Server, String) {
         .collect();
     run_ok(
         millrace(dir)
-            .args(["pool", "create", "tank", "--level", "raid6", "--create", "96M"])
+            .args([
+                "pool", "create", "tank", "--level", "raid6", "--create", "96M",
+            ])
             .args(&drives),
     );
-    let server = common::serve_with(
-        dir,
-        &["--nvme", &nvme.to_string(), "--discovery-port", "0"],
-    );
+    let server = common::serve_with(dir, &["--nvme", &nvme.to_string(), "--discovery-port", "0"]);
     run_ok(millrace(dir).args(["volume", "create", "tank/v", "--size", "256M"]));
     run_ok(millrace(dir).args(["export", "nvme", "add", "tank/v", "--host", HOST]));
     let sf: serde_json::Value =
@@ -95,7 +94,10 @@ async fn good_io(c: &HostController, lba: u32, rng: &mut impl Rng) {
         .expect("the read is answered")
         .expect("the read succeeds");
     let took = t0.elapsed();
-    assert!(back == data, "read back other bytes than were written at LBA {slba}");
+    assert!(
+        back == data,
+        "read back other bytes than were written at LBA {slba}"
+    );
     assert!(
         took < Duration::from_secs(1),
         "a 4 KiB write and read took {took:?} while other hosts stalled"
@@ -106,9 +108,7 @@ async fn good_io(c: &HostController, lba: u32, rng: &mut impl Rng) {
 fn r2t_write(cid: u16, slba: u64, blocks: u32, lba: u32) -> Vec<u8> {
     let mut sqe = Sqe::new(io::WRITE, cid, 1);
     sqe.set_lba_range(slba, blocks);
-    sqe.set_sgl(Sgl::Transport {
-        len: blocks * lba,
-    });
+    sqe.set_sgl(Sgl::Transport { len: blocks * lba });
     encode(&Head::Cmd(sqe), &[], false, false, 1)
 }
 
@@ -172,20 +172,27 @@ fn nvme_hosts_hanging_up_under_load_neither_end_nor_starve_the_server() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-        let good = HostController::connect(addr, NQN, &host(), 1).await.unwrap();
+        let good = HostController::connect(addr, NQN, &host(), 1)
+            .await
+            .unwrap();
         let lba = lba_bytes(&good).await;
         let mdts = good.id_ctrl[77];
         // The largest transfer the target takes, at most 32 MiB.
         let big = (4096u64 << mdts.min(13)).min(32 << 20) as u32;
         let mut hostile = Vec::new();
         for i in 0..24u16 {
-            let c = HostController::connect(addr, NQN, &host(), 1).await.unwrap();
+            let c = HostController::connect(addr, NQN, &host(), 1)
+                .await
+                .unwrap();
             let q = &c.io[0];
             match i % 3 {
-                // Stalled R2T writes: the target holds a buffer for each until the PDU timeout.
+                // Stalled R2T writes, twice the host's share of the pool (a quarter of it) in
+                // all: the target holds a buffer for each it can until the PDU timeout, and
+                // the rest wait for the share.
                 0 => {
-                    for k in 0..2u16 {
-                        let at = (i * 2 + k) as u64 * big as u64 % (128 << 20);
+                    let n = (128u32 << 20).div_ceil(big * 8).max(2) as u16;
+                    for k in 0..n {
+                        let at = (i * n + k) as u64 * big as u64 % (128 << 20);
                         let slba = at / lba as u64;
                         q.send_raw(&r2t_write(0x8000 + k, slba, big / lba, lba))
                             .await

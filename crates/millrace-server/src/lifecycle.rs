@@ -145,6 +145,10 @@ fn install_panic_log() {
     }));
 }
 
+/// The handlers that were there before ours (Rust's stack-overflow report, the mapped members'
+/// SIGBUS recovery), by signal: a fault is theirs to handle first.
+static PREVIOUS: std::sync::OnceLock<Vec<(i32, libc::sigaction)>> = std::sync::OnceLock::new();
+
 fn install_crash_handlers() {
     let lines = CRASH_SIGNALS
         .iter()
@@ -161,28 +165,77 @@ fn install_crash_handlers() {
         })
         .collect();
     let _ = CRASH_LINES.set(lines);
+    let mut previous = Vec::new();
     for &n in CRASH_SIGNALS {
         // SAFETY: a zeroed sigaction is valid; the handler only calls async-signal-safe
-        // functions (write, signal, raise) on data made before it was installed.
+        // functions (write, sigaction, signal, raise, the previous handler) on data made
+        // before it was installed.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = on_crash as *const () as usize;
             sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
             libc::sigemptyset(&mut sa.sa_mask);
-            libc::sigaction(n, &sa, std::ptr::null_mut());
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(n, &sa, &mut old) == 0 {
+                previous.push((n, old));
+            }
+        }
+    }
+    let _ = PREVIOUS.set(previous);
+}
+
+fn write_line(sig: i32) {
+    if let Some((_, line)) = CRASH_LINES
+        .get()
+        .and_then(|l| l.iter().find(|(n, _)| *n == sig))
+    {
+        // SAFETY: write(2) of bytes that live for the whole process.
+        unsafe {
+            libc::write(2, line.as_ptr().cast(), line.len());
         }
     }
 }
 
-extern "C" fn on_crash(sig: i32, _info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
-    if let Some(lines) = CRASH_LINES.get() {
-        if let Some((_, line)) = lines.iter().find(|(n, _)| *n == sig) {
-            // SAFETY: write(2) of bytes that live for the whole process.
-            unsafe {
-                libc::write(2, line.as_ptr().cast(), line.len());
+/// Whether `sig`'s disposition is back to its default (a previous handler gave up on a fault,
+/// which, happening again, ends the process).
+fn back_to_default(sig: i32) -> bool {
+    // SAFETY: reading a signal's disposition into a zeroed struct.
+    unsafe {
+        let mut cur: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, std::ptr::null(), &mut cur) == 0 && cur.sa_sigaction == libc::SIG_DFL
+    }
+}
+
+extern "C" fn on_crash(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler. A code above zero
+    // is the kernel's (a fault); zero and below, a process sent it (kill, tgkill, sigqueue).
+    let fault = !info.is_null() && unsafe { (*info).si_code } > 0;
+    let prev = PREVIOUS
+        .get()
+        .and_then(|p| p.iter().find(|(n, _)| *n == sig))
+        .map(|(_, a)| *a)
+        .filter(|a| a.sa_sigaction != libc::SIG_DFL && a.sa_sigaction != libc::SIG_IGN);
+    if let (true, Some(prev)) = (fault, prev) {
+        // The handler before ours handles a fault first (it may recover, as the mapped
+        // members' SIGBUS handler does); the line is written only if it gave up.
+        // SAFETY: calling the handler that was installed for this signal, as the kernel would
+        // have, with the arguments its flags ask for.
+        unsafe {
+            if prev.sa_flags & libc::SA_SIGINFO != 0 {
+                let f: extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) =
+                    std::mem::transmute(prev.sa_sigaction);
+                f(sig, info, ctx);
+            } else {
+                let f: extern "C" fn(i32) = std::mem::transmute(prev.sa_sigaction);
+                f(sig);
             }
         }
+        if back_to_default(sig) {
+            write_line(sig);
+        }
+        return;
     }
+    write_line(sig);
     // SAFETY: back to the default action, then the signal again: a sent signal is pending and
     // ends the process when this handler returns; a fault happens again and ends it.
     unsafe {
