@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import time
@@ -174,54 +175,18 @@ def write_segments(
     segments = sorted(segments, key=lambda s: s[0])
     starts = [s[0] for s in segments]
     has_cuda = any(s[2] == "cuda" for s in segments)
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(
-            2,
-            f"directory {directory!r} does not exist; create it before writing into it.",
-            directory,
-        )
+    _check_directory(path)
     tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}" if atomic else path
     route = _kvikio.plan(via, has_cuda)
     if route != "cpu":
-        _kvikio.configure(threads, chunk)
-        if has_cuda:
-            torch = _gpu.torch_module()
-            torch.cuda.synchronize()
-            if route == "gds":
-                for t in register:
-                    _kvikio.register_once(t)
-        try:
-            route, by_path = _kvikio.write_file(
-                tmp,
-                size,
-                segments,
-                path=route,
-                chunk=chunk,
-                fsync=fsync,
-                header=header,
-                fallback=_kvikio.requested(via) == "auto",
-            )
-            if atomic:
-                os.replace(tmp, path)
-                if fsync:
-                    _io.fsync_dir(path)
-        except BaseException:
-            if atomic:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-            raise
-        moved = sum(by_path.values())
-        _kvikio.record(op, route, moved, time.perf_counter() - t0, **by_path)
-        return route
+        kv = dict(chunk=chunk, fsync=fsync, atomic=atomic, header=header, via=via, op=op)
+        return _write_through_kvikio(
+            path, tmp, size, segments, route, has_cuda, threads, register, t0, **kv
+        )
     out = _io.OutputFile(tmp, size, direct)
-    make_staging = None
-    tensor_of: dict = {}
     streams: dict = {}
-    if has_cuda:
-        torch = _gpu.torch_module()
-        make_staging, tensor_of = _gpu.pinned_staging(threads)
-    import bisect
+    torch = _gpu.torch_module() if has_cuda else None
+    make_staging, tensor_of = _gpu.pinned_staging(threads) if has_cuda else (None, {})
 
     def fill(buf: np.ndarray, file_off: int, w: int) -> None:
         end = file_off + buf.shape[0]
@@ -261,18 +226,12 @@ def write_segments(
     try:
         if has_cuda:
             torch.cuda.synchronize()
-        data_start = 0
-        if header is not None:
-            data_start = len(header)
-            if data_start % _io.ALIGN:
-                raise AssertionError("the header must fill whole alignment blocks")
+        data_start = 0 if header is None else len(header)
+        if data_start % _io.ALIGN:
+            raise AssertionError("the header must fill whole alignment blocks")
         _io.write_parallel(out, data_start, size, fill, threads, chunk, make_staging)
         if header is not None:
-            if fsync:
-                os.fsync(out.fd_buffered)
-            head = _io.aligned_empty(data_start)
-            head[:] = np.frombuffer(header, dtype=np.uint8)
-            out.pwrite_all(head, 0)
+            _write_header(out, header, fsync)
         out.finish(fsync)
         out.close()
         if atomic:
@@ -287,3 +246,73 @@ def write_segments(
         raise
     _kvikio.record(op, "cpu", sum(s[1] for s in segments), time.perf_counter() - t0)
     return "cpu"
+
+
+def _write_through_kvikio(
+    path: str,
+    tmp: str,
+    size: int,
+    segments: list,
+    route: str,
+    has_cuda: bool,
+    threads: int,
+    register: tuple,
+    t0: float,
+    *,
+    chunk: int,
+    fsync: bool,
+    atomic: bool,
+    header: Optional[bytes],
+    via: Optional[str],
+    op: str,
+) -> str:
+    """``write_segments`` on a KvikIO path: one handle, then the same rename as the CPU path."""
+    _kvikio.configure(threads, chunk)
+    if has_cuda:
+        torch = _gpu.torch_module()
+        torch.cuda.synchronize()
+        if route == "gds":
+            for t in register:
+                _kvikio.register_once(t)
+    try:
+        route, by_path = _kvikio.write_file(
+            tmp,
+            size,
+            segments,
+            path=route,
+            chunk=chunk,
+            fsync=fsync,
+            header=header,
+            fallback=_kvikio.requested(via) == "auto",
+        )
+        if atomic:
+            os.replace(tmp, path)
+            if fsync:
+                _io.fsync_dir(path)
+    except BaseException:
+        if atomic:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
+    moved = sum(by_path.values())
+    _kvikio.record(op, route, moved, time.perf_counter() - t0, **by_path)
+    return route
+
+
+def _check_directory(path: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(
+            2,
+            f"directory {directory!r} does not exist; create it before writing into it.",
+            directory,
+        )
+
+
+def _write_header(out, header: bytes, fsync: bool) -> None:
+    """The header goes last, after the data is on disk: a crash leaves a zero header."""
+    if fsync:
+        os.fsync(out.fd_buffered)
+    head = _io.aligned_empty(len(header))
+    head[:] = np.frombuffer(header, dtype=np.uint8)
+    out.pwrite_all(head, 0)
