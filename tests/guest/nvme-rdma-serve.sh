@@ -131,6 +131,24 @@ dd if="$ns" bs=1M count=32 iflag=direct status=none | sha256sum | cmp -s - "$wor
 disconnect
 step "reconnected over RDMA: data intact"
 
+# The host resets its controller twice under fio: each time every RDMA queue pair is torn down
+# with I/O in flight, as a host that goes away mid-request does, and the host reconnects. The
+# server keeps serving; fio's verified writes see no error.
+connect
+timeout 900 fio "${fiojob[@]}" --filename="$ns" --do_verify=1 --rate=,1m --output="$work/fio3.out" > /dev/null 2>&1 &
+fpid=$!
+for i in 1 2; do
+  sleep 4
+  kill -0 "$fpid" 2>/dev/null || { cat "$work/fio3.out"; fail "fio ended before controller reset $i"; }
+  nvme reset "/dev/$ctrl" || fail "nvme reset /dev/$ctrl over RDMA"
+done
+wait "$fpid" || { tail -20 "$work/fio3.out"; fail "fio verify over RDMA across controller resets"; }
+fpid=
+fio_ok "$work/fio3.out" || { tail -20 "$work/fio3.out"; fail "fio reported errors across controller resets"; }
+kill -0 "$spid" || fail "the server died when the host reset its queues"
+disconnect
+step "two controller resets under fio over RDMA: the host reconnected, verify ok, the server up"
+
 if nvme connect -t rdma -a "$RDMA_ADDR" -s 4420 -n "$NQN" --hostnqn "$BADHOST" --hostid "$BADHOSTID" > "$work/bad.out" 2>&1; then
   fail "a host that is not allowed connected over RDMA"
 fi

@@ -209,6 +209,25 @@ grep -q '"host": "'"$HOST"'"' <("$MR" export list --json) || fail "export list d
 disconnect
 step "after the restart: export served, reconnected, data verified"
 
+# The host's own recoveries under load: `nvme reset` of its controller, and the server going away
+# and coming back (as after a network blip: the host keeps the namespace, reconnects every
+# second and requeues what was in flight). fio's paced, verified writes see neither.
+connect --reconnect-delay=1 --ctrl-loss-tmo=120
+timeout 900 fio "${fiojob[@]}" --filename="$ns" --do_verify=1 --rate=,1m --output="$work/fio5.out" > /dev/null 2>&1 &
+fpid=$!
+sleep 4
+kill -0 "$fpid" 2>/dev/null || { cat "$work/fio5.out"; fail "fio ended before the controller reset"; }
+nvme reset "/dev/$ctrl" || fail "nvme reset /dev/$ctrl"
+sleep 4
+kill -0 "$fpid" 2>/dev/null || { cat "$work/fio5.out"; fail "fio ended before the server restart under it"; }
+stop_server
+start_server
+wait "$fpid" || { tail -20 "$work/fio5.out"; fail "fio verify across nvme reset and a server restart exited with an error"; }
+fio_ok "$work/fio5.out" || { tail -20 "$work/fio5.out"; fail "fio reported errors across nvme reset and a server restart"; }
+[[ -b $ns ]] || fail "the namespace went away across the server restart"
+disconnect
+step "nvme reset and a server restart under fio: the host recovered, verify ok"
+
 # A RAID10 pool of drive files in memory: a 4 KiB write whose data comes in the capsule is copied
 # to its members straight from the target's receive buffer (BlockDevice::write_now).
 fdrives=()
