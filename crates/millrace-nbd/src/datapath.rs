@@ -53,12 +53,20 @@ impl DataPath {
     }
 }
 
-/// Whose share of the pool a connection's requests count against: its client's TCP source
-/// address (every port of it), or every local-socket client together.
-pub(crate) fn client_key(peer: &Peer) -> Option<IpAddr> {
+/// Whose share of the pool a connection's requests count against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClientKey {
+    /// A TCP client's source address (every port of it).
+    Ip(IpAddr),
+    /// The local-socket clients of one user (its uid, from the socket's peer credentials), or
+    /// those whose user is unknown, together.
+    Local(Option<u32>),
+}
+
+pub(crate) fn client_key(peer: &Peer) -> ClientKey {
     match peer {
-        Peer::Unix => None,
-        Peer::Tcp(a) => Some(a.ip().to_canonical()),
+        Peer::Unix(uid) => ClientKey::Local(*uid),
+        Peer::Tcp(a) => ClientKey::Ip(a.ip().to_canonical()),
     }
 }
 
@@ -79,10 +87,19 @@ mod tests {
             "an IPv4-mapped address is the same"
         );
         assert_ne!(client_key(&a), client_key(&b));
-        assert_eq!(client_key(&Peer::Unix), None, "local clients share one");
+        assert_eq!(
+            client_key(&Peer::Unix(Some(1000))),
+            client_key(&Peer::Unix(Some(1000))),
+            "one user's local clients share one"
+        );
+        assert_ne!(
+            client_key(&Peer::Unix(Some(1000))),
+            client_key(&Peer::Unix(Some(0))),
+            "local users have a share each"
+        );
         let shares = millrace_io::Shares::default();
         let x = shares.of(client_key(&a), 100);
         assert!(x.same(&shares.of(client_key(&a2), 100)));
-        assert!(!x.same(&shares.of(client_key(&Peer::Unix), 100)));
+        assert!(!x.same(&shares.of(client_key(&Peer::Unix(None)), 100)));
     }
 }

@@ -104,8 +104,8 @@ pub struct Limits {
     /// less than the largest request, so that one maximal request always fits.
     pub max_in_flight_bytes: usize,
     /// Payload bytes held at once by one client: all connections from one TCP address, or all
-    /// local-socket clients together. None: a quarter of the buffer pool. Never less than the largest
-    /// request. The pool itself bounds all clients together.
+    /// local-socket clients of one user (uid). None: a quarter of the buffer pool. Never less
+    /// than the largest request. The pool itself bounds all clients together.
     pub max_client_bytes: Option<usize>,
     /// Time a client has to finish option haggling.
     pub handshake_timeout: Duration,
@@ -220,7 +220,7 @@ impl ExportEntry {
     pub fn connect(&self, peer: &Peer) -> ClientGuard<'_> {
         let id = NEXT_CLIENT.fetch_add(1, Ordering::Relaxed);
         let who = match peer {
-            Peer::Unix => "local socket".to_string(),
+            Peer::Unix(_) => "local socket".to_string(),
             Peer::Tcp(a) => a.to_string(),
         };
         let mut c = self.clients.lock().unwrap_or_else(|e| e.into_inner());
@@ -232,14 +232,16 @@ impl ExportEntry {
 /// Who is on the other end of a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Peer {
-    Unix,
+    /// A local-socket client, with its uid where the socket says it.
+    Unix(Option<u32>),
     Tcp(std::net::SocketAddr),
 }
 
 impl std::fmt::Display for Peer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Peer::Unix => write!(f, "a unix-socket client"),
+            Peer::Unix(Some(uid)) => write!(f, "a unix-socket client (uid {uid})"),
+            Peer::Unix(None) => write!(f, "a unix-socket client"),
             Peer::Tcp(a) => write!(f, "{a}"),
         }
     }
@@ -250,7 +252,7 @@ impl Peer {
     /// address is in the export's list.
     pub fn may_use(&self, e: &Export) -> bool {
         match self {
-            Peer::Unix => true,
+            Peer::Unix(_) => true,
             Peer::Tcp(a) => {
                 // A dual-stack listener reports IPv4 clients as ::ffff:a.b.c.d; compare the
                 // address the admin would write.
@@ -284,7 +286,7 @@ pub(crate) struct Inner {
     pub shutdown: watch::Sender<bool>,
     pub limits: Limits,
     /// Each client's share of the buffer pool.
-    pub shares: millrace_io::Shares<Option<std::net::IpAddr>>,
+    pub shares: millrace_io::Shares<crate::datapath::ClientKey>,
     /// Connections open, in all and per TCP address.
     pub admission: Admission<IpAddr>,
     /// Refused connections and failed accepts are logged at most once a second each.
@@ -496,7 +498,7 @@ impl NbdServer {
     /// The exports, sorted by name.
     pub fn exports(&self) -> Vec<Export> {
         self.inner
-            .visible(&Peer::Unix)
+            .visible(&Peer::Unix(None))
             .into_iter()
             .map(|e| e.export.clone())
             .collect()
@@ -627,14 +629,16 @@ impl NbdServer {
                 },
             };
             backoff.reset();
-            let Some(admitted) = self.admit(&Peer::Unix) else {
+            // Each local user has a share of the pool of its own, as each TCP address does.
+            let peer = Peer::Unix(stream.peer_cred().ok().map(|c| c.uid()));
+            let Some(admitted) = self.admit(&peer) else {
                 continue;
             };
             let open = |s: std::os::unix::net::UnixStream| -> io::Result<_> {
                 s.set_nonblocking(true)?;
                 Ok(tokio::net::UnixStream::from_std(s)?.into_split())
             };
-            self.to_core(stream.into_std(), open, admitted, Peer::Unix, only.clone());
+            self.to_core(stream.into_std(), open, admitted, peer, only.clone());
         }
     }
 
@@ -646,7 +650,7 @@ impl NbdServer {
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
-        let peer = tcp_peer.map_or(Peer::Unix, Peer::Tcp);
+        let peer = tcp_peer.map_or(Peer::Unix(None), Peer::Tcp);
         let Some(admitted) = self.admit(&peer) else {
             return;
         };
@@ -660,7 +664,7 @@ impl NbdServer {
     fn admit(&self, peer: &Peer) -> Option<Admitted> {
         let client = match peer {
             Peer::Tcp(a) => Some(a.ip().to_canonical()),
-            Peer::Unix => None,
+            Peer::Unix(_) => None,
         };
         match self.inner.admission.take(client) {
             Ok(place) => {
