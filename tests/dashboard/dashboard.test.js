@@ -109,6 +109,8 @@ async function main() {
         "the page keeps the token for this tab (sessionStorage)");
     }
     check(await page.locator("[data-failed-drive]").count() === 0, "no failed-drive banner while all drives are online");
+    check(/started /.test(await page.locator("#facts").innerText()), "the header says when the server started");
+    check(await page.locator("#restart").isHidden(), "no restart-after-a-crash banner after a clean start");
     check(await page.locator(`${card} tr[data-member-state="online"]`).count() >= 4, "the members are listed online");
     check(await page.locator(`tr[data-export="nvme"]`).count() === 1, "the NVMe/TCP export is listed");
     check(await page.locator(`[data-nvme-listener="tcp"]`).count() === 1, "the NVMe/TCP listener is listed (with hosts per transport)");
