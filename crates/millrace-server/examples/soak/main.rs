@@ -59,6 +59,7 @@ struct Shared {
     nqn: String,
     nbd_sock: PathBuf,
     nbd_export: String,
+    nbd_size: u64,
     /// Each block's last acknowledged pass over NVMe/TCP, and over NBD (another volume).
     acked: Mutex<BTreeMap<u64, u64>>,
     nbd_acked: Mutex<BTreeMap<u64, u64>>,
@@ -77,6 +78,7 @@ struct Counts {
     nvme_dropped: u64,
     nbd_rounds: u64,
     nbd_dropped: u64,
+    nbd_unread: u64,
     half: u64,
     http: u64,
 }
@@ -273,7 +275,7 @@ async fn client(
 ) -> Result<(), String> {
     let mut rng = Rng(id.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1);
     while Instant::now() < until {
-        match rng.next() % 14 {
+        match rng.next() % 15 {
             0..=3 => {
                 writes(&s, id, &mut nvme).await?;
                 s.counts.lock().nvme_rounds += 1;
@@ -298,9 +300,15 @@ async fn client(
                 nbd_writes(&s, &mut nbd, rng.next().is_multiple_of(2)).await?;
                 s.counts.lock().nbd_rounds += 1;
             }
-            _ => {
+            13 => {
                 nbd_dropped(&s, &mut nbd).await;
                 s.counts.lock().nbd_dropped += 1;
+            }
+            _ => {
+                if let Ok(c) = nbd::Nbd::connect(&s.nbd_sock, &s.nbd_export).await {
+                    c.unread_reads(s.nbd_size).await;
+                }
+                s.counts.lock().nbd_unread += 1;
             }
         }
     }
@@ -376,6 +384,7 @@ async fn main() {
         api: a[3].parse().expect("API_ADDR"),
         nbd_sock: a[8].clone().into(),
         nbd_export: a[9].clone(),
+        nbd_size: a[10].parse().expect("NBD_VOLUME_BYTES"),
         acked: Mutex::default(),
         nbd_acked: Mutex::default(),
         unacked: Mutex::default(),
@@ -414,8 +423,8 @@ async fn main() {
     let [w, nbd_w] = *s.writes.lock();
     let mib = |n: u64| (n * BLOCK) >> 20;
     println!(
-        "soak: {clients} clients for {seconds} s: NVMe/TCP {} write rounds and {} dropped writes, {w} acknowledged writes ({} MiB, each read back at once), {acked} blocks read back at the end, {} wrong, {} held a later dropped write; NBD {} write rounds and {} abandoned writes, {nbd_w} acknowledged writes ({} MiB, each read back at once), {nbd_acked} blocks read back at the end, {} wrong, {} held a later abandoned write; {} half ICReqs and half HTTP requests, {} HTTP requests",
-        n.nvme_rounds, n.nvme_dropped, mib(w), nvme.wrong, nvme.landed, n.nbd_rounds, n.nbd_dropped, mib(nbd_w), nbd.wrong, nbd.landed, n.half, n.http
+        "soak: {clients} clients for {seconds} s: NVMe/TCP {} write rounds and {} dropped writes, {w} acknowledged writes ({} MiB, each read back at once), {acked} blocks read back at the end, {} wrong, {} held a later dropped write; NBD {} write rounds and {} abandoned writes, {nbd_w} acknowledged writes ({} MiB, each read back at once), {nbd_acked} blocks read back at the end, {} wrong, {} held a later abandoned write, {} connections gone with their read replies unread; {} half ICReqs and half HTTP requests, {} HTTP requests",
+        n.nvme_rounds, n.nvme_dropped, mib(w), nvme.wrong, nvme.landed, n.nbd_rounds, n.nbd_dropped, mib(nbd_w), nbd.wrong, nbd.landed, n.nbd_unread, n.half, n.http
     );
     let _ = std::io::stdout().flush();
     if failed || nvme.wrong + nbd.wrong > 0 || acked == 0 || nbd_acked == 0 {

@@ -1,6 +1,6 @@
 //! The soak's NBD client, as small as the soak needs: the fixed-newstyle handshake with
-//! NBD_OPT_GO, simple replies, one request at a time, and a write abandoned half-way through
-//! its payload. (The NBD crate's test client lives in its tests, out of an example's reach.)
+//! NBD_OPT_GO, simple replies, one request at a time, a write abandoned half-way through its
+//! payload, and reads whose replies are never read. (The NBD crate's test client lives in its tests, out of an example's reach.)
 
 use std::path::Path;
 
@@ -114,6 +114,18 @@ impl Nbd {
         let (mut b, _) = self.header(CMD_WRITE, offset, data.len() as u32);
         b.extend_from_slice(&data[..data.len() / 2]);
         let _ = self.s.write_all(&b).await;
+    }
+
+    /// Reads asked for and the connection dropped before any reply is read: the server's
+    /// replies meet a socket whose reader has gone (EPIPE), as with a client killed mid-read.
+    pub async fn unread_reads(mut self, volume: u64) {
+        let len = 64u32 << 10;
+        for i in 0..16u64 {
+            let (b, _) = self.header(CMD_READ, i * len as u64 % volume, len);
+            if self.s.write_all(&b).await.is_err() {
+                return;
+            }
+        }
     }
 
     pub async fn disconnect(mut self) {
