@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::millrace;
+use common::{free_port, metric, millrace, run_ok, server_url};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
@@ -57,21 +57,7 @@ impl Conn for std::net::TcpStream {
         self.set_write_timeout(t).unwrap();
     }
     fn reset(self: Box<Self>) {
-        let l = libc::linger {
-            l_onoff: 1,
-            l_linger: 0,
-        };
-        // SAFETY: setsockopt on a descriptor this stream owns, with a valid linger struct.
-        unsafe {
-            libc::setsockopt(
-                std::os::fd::AsRawFd::as_raw_fd(&*self),
-                libc::SOL_SOCKET,
-                libc::SO_LINGER,
-                (&l as *const libc::linger).cast(),
-                std::mem::size_of::<libc::linger>() as u32,
-            );
-        }
-        drop(self);
+        common::reset(*self);
     }
     fn half_close(&self) {
         let _ = self.shutdown(std::net::Shutdown::Write);
@@ -258,54 +244,9 @@ fn hang_up(h: Hostile, how: usize) {
     }
 }
 
-fn metric(url: &str, name: &str) -> f64 {
-    let text = ureq::get(&format!("{url}/metrics"))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-fn server_url(home: &Path) -> String {
-    let sf: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(home.join("server.json")).unwrap()).unwrap();
-    sf["url"].as_str().unwrap().to_string()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn run_ok(c: &mut assert_cmd::Command) {
-    let out = c.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{c:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A RAID6 pool with one volume exported over NBD on the Unix socket and on `port`.
 fn serve_raid6(dir: &Path, port: u16) -> common::Server {
-    let drives: Vec<String> = (0..6)
-        .map(|i| dir.join(format!("d{i}.img")).display().to_string())
-        .collect();
-    run_ok(
-        millrace(dir)
-            .args([
-                "pool", "create", "tank", "--level", "raid6", "--create", "96M",
-            ])
-            .args(&drives),
-    );
+    common::raid6_tank(dir);
     let server = common::serve(dir);
     run_ok(millrace(dir).args(["volume", "create", EXPORT, "--size", "256M"]));
     run_ok(millrace(dir).args([

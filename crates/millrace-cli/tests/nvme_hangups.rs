@@ -12,7 +12,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::millrace;
+use common::{free_port, metric, millrace, reset, run_ok, server_url};
 use millrace_nvmf::cmd::{io, Sgl, Sqe};
 use millrace_nvmf::initiator::{HostController, HostOptions};
 use millrace_nvmf::pdu::{encode, Head};
@@ -37,45 +37,12 @@ async fn lba_bytes(c: &HostController) -> u32 {
     1 << id[128 + 4 * f + 2]
 }
 
-fn run_ok(c: &mut assert_cmd::Command) {
-    let out = c.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{c:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn metric(url: &str, name: &str) -> f64 {
-    let text = ureq::get(&format!("{url}/metrics"))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 fn serve(dir: &Path, nvme: SocketAddr) -> (common::Server, String) {
-    let drives: Vec<String> = (0..6)
-        .map(|i| dir.join(format!("d{i}.img")).display().to_string())
-        .collect();
-    run_ok(
-        millrace(dir)
-            .args([
-                "pool", "create", "tank", "--level", "raid6", "--create", "96M",
-            ])
-            .args(&drives),
-    );
+    common::raid6_tank(dir);
     let server = common::serve_with(dir, &["--nvme", &nvme.to_string(), "--discovery-port", "0"]);
     run_ok(millrace(dir).args(["volume", "create", "tank/v", "--size", "256M"]));
     run_ok(millrace(dir).args(["export", "nvme", "add", "tank/v", "--host", HOST]));
-    let sf: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("home/server.json")).unwrap()).unwrap();
-    (server, sf["url"].as_str().unwrap().to_string())
+    (server, server_url(&dir.join("home")))
 }
 
 /// A 4 KiB write and its read-back on the good controller, each answered within a second.
@@ -132,24 +99,6 @@ fn partial_icreq(addr: SocketAddr) -> TcpStream {
     s
 }
 
-fn reset(s: TcpStream) {
-    let l = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: setsockopt on a descriptor this stream owns, with a valid linger struct.
-    unsafe {
-        libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(&s),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&l as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as u32,
-        );
-    }
-    drop(s);
-}
-
 enum Hostile {
     Controller(HostController),
     Raw(TcpStream),
@@ -158,16 +107,7 @@ enum Hostile {
 #[test]
 fn nvme_hosts_hanging_up_under_load_neither_end_nor_starve_the_server() {
     let dir = tempfile::tempdir().unwrap();
-    let addr: SocketAddr = format!(
-        "127.0.0.1:{}",
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    )
-    .parse()
-    .unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let (mut server, url) = serve(dir.path(), addr);
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {

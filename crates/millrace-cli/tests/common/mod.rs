@@ -108,3 +108,77 @@ pub fn serve_with(dir: &Path, args: &[&str]) -> Server {
     }
     s
 }
+
+/// Runs a command and fails the test with its standard error if it fails.
+pub fn run_ok(c: &mut Command) {
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{c:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The sum of a metric's samples on the server's /metrics (every label set whose line starts
+/// with `name`).
+pub fn metric(url: &str, name: &str) -> f64 {
+    let text = ureq::get(&format!("{url}/metrics"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The API's URL from the running server's file in `home`.
+pub fn server_url(home: &Path) -> String {
+    let sf: Value = serde_json::from_slice(&std::fs::read(home.join("server.json")).unwrap())
+        .expect("server.json is JSON");
+    sf["url"].as_str().unwrap().to_string()
+}
+
+/// A loopback port free now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Hangs up a TCP connection with a reset (SO_LINGER 0, then close), as a peer that vanishes.
+pub fn reset(s: std::net::TcpStream) {
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt on a descriptor this stream owns, with a valid linger struct.
+    unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&s),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as u32,
+        );
+    }
+    drop(s);
+}
+
+/// A RAID6 pool `tank` of six 96 MiB drive files in `dir`, made before any server runs.
+pub fn raid6_tank(dir: &Path) {
+    let drives: Vec<String> = (0..6)
+        .map(|i| dir.join(format!("d{i}.img")).display().to_string())
+        .collect();
+    run_ok(
+        millrace(dir)
+            .args([
+                "pool", "create", "tank", "--level", "raid6", "--create", "96M",
+            ])
+            .args(&drives),
+    );
+}
