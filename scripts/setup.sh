@@ -21,6 +21,7 @@ APT_PKGS=(
   cmake libclang-dev   # build: rdma-mummy-sys compiles its dlopen shim (cmake) and binds it (bindgen)
   rdma-core ibverbs-providers libibverbs1 librdmacm1   # RDMA at run time (loaded only when used)
   ibverbs-utils rdmacm-utils perftest   # ibv_devices, rping, ib_*_bw: the soft-RoCE checks and peers
+  iproute2        # ip and rdma: the veth pair and the soft-RoCE link in the RDMA guest tests
   e2fsprogs util-linux   # the CSI driver's tests (csi/): mkfs.ext4, dumpe2fs and blkid
 )
 missing=()
