@@ -105,7 +105,7 @@ echo "=== waiting for the guests"
 t0=$SECONDS
 wait "$guest_runner"
 guest_runner=
-echo "    (the host suites ended $((SECONDS - t0)) s before the last guest)"
+echo "    (waited $((SECONDS - t0)) s for the guests after the host suites)"
 for g in "${guests[@]}"; do
   name=$(basename "$g" .sh)
   echo "=== guest: $name"
