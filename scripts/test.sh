@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every test Millrace has: style, lints, the Rust suites, the Python client, and the real Linux
 # clients in a guest kernel. Installs what it needs first. Ends with a table of each stage's
-# seconds and "N passed, M failed" (", K skipped" where a test could not run here: in CI, where
-# CI is set, a test that cannot run fails instead).
+# seconds and "N passed, M failed" (", K skipped" where tests could not run here, listed above
+# it: in CI, where CI is set, a Rust test that lacks what it needs fails instead).
 #
 # Each profile is built once: `cargo test --workspace --no-run` builds the tests, the binaries and
 # the examples (the test profile is the dev profile), and every later stage runs those (their
@@ -22,8 +22,8 @@ if ((free_gib < 10)); then
   echo "warning: only $free_gib GiB free here; a full run from a fresh clone needs about 10 GiB, so steps may fail with 'No space left on device'. Free space (an old target/ folder) first."
 fi
 work=$(mktemp -d)
-# Tests that cannot run here (outside CI) add a line each to this file (the Rust tests'
-# cannot_run); the summary counts them.
+# Tests that cannot run here add a line each to this file (the Rust tests' cannot_run outside
+# CI, the Python client's skipped tests); the summary counts them.
 export MILLRACE_SKIPS=$work/skipped
 : > "$MILLRACE_SKIPS"
 guest_runner=
@@ -125,7 +125,7 @@ done
 printf '%-*s %7d\n' "$w" "$total" $((SECONDS - t_start))
 skipped=$(sort -u "$MILLRACE_SKIPS" | grep -c .)
 if ((skipped)); then
-  echo "skipped (could not run here; in CI, where CI is set, each fails instead):"
+  echo "skipped (could not run here: a Rust test that needs what this machine lacks fails instead in CI, where CI is set; the Python client's GPU tests skip without PyTorch or a GPU):"
   sort -u "$MILLRACE_SKIPS" | sed 's/^/  /'
 fi
 ((failed)) && printf 'failed: %s\n' "${failures[@]}"
