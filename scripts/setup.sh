@@ -21,6 +21,7 @@ APT_PKGS=(
   cmake libclang-dev   # build: rdma-mummy-sys compiles its dlopen shim (cmake) and binds it (bindgen)
   rdma-core ibverbs-providers libibverbs1 librdmacm1   # RDMA at run time (loaded only when used)
   ibverbs-utils rdmacm-utils perftest   # ibv_devices, rping, ib_*_bw: the soft-RoCE checks and peers
+  iproute2        # ip and rdma: the veth pair and the soft-RoCE link in the RDMA guest tests
   e2fsprogs util-linux   # the CSI driver's tests (csi/): mkfs.ext4, dumpe2fs and blkid
 )
 missing=()
@@ -39,6 +40,21 @@ if ! command -v cargo >/dev/null; then
   exit 1
 fi
 rustup component add clippy rustfmt >/dev/null 2>&1 || true
+# The tools the suites run, installed once per machine (cargo install compiles them: never on
+# every run). Nightly is for cargo-fuzz's sanitizer flags (scripts/fuzz.sh).
+need() { echo "setup: $1" >&2; exit 1; }
+rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal ||
+  need "could not install the nightly Rust toolchain (rustup toolchain install nightly), which the fuzz stage needs"
+cargo fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked ||
+  need "could not install cargo-fuzz (cargo install cargo-fuzz --locked), which the fuzz stage needs"
+cargo machete --version >/dev/null 2>&1 || cargo install cargo-machete --locked ||
+  need "could not install cargo-machete (cargo install cargo-machete --locked), which the unused-dependencies stage needs"
+command -v schemathesis >/dev/null ||
+  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore schemathesis ||
+  need "could not install schemathesis (pip), which the API conformance stage needs"
+[[ -d tests/dashboard/node_modules/playwright-core ]] ||
+  (cd tests/dashboard && npm install --no-audit --no-fund --loglevel=error) ||
+  need "could not install playwright-core (npm, tests/dashboard), which the dashboard stage needs"
 
 # The CSI driver's Go modules (csi-sanity is pinned as a tool in csi/go.mod) and the schema
 # checker for its manifests.

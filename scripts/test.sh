@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
 # Every test Millrace has: style, lints, the Rust suites, the Python client, and the real Linux
-# clients in a guest kernel. Installs what it needs first. Ends with "N passed, M failed".
+# clients in a guest kernel. Installs what it needs first. Ends with a table of each stage's
+# seconds and "N passed, M failed" (", K skipped" where tests could not run here, listed above
+# it: in CI, where CI is set, a Rust test that lacks what it needs fails instead).
+#
+# Each profile is built once: `cargo test --workspace --no-run` builds the tests, the binaries and
+# the examples (the test profile is the dev profile), and every later stage runs those (their
+# folder is MILLRACE_BINS) instead of building its own. Once they are built the guests (each a
+# throwaway VM, tests/guest/run-in-guest) start in the background, MILLRACE_GUEST_JOBS at a time
+# (2 by default), while the host suites run here; each guest's output is printed whole, in order,
+# at the end, and counts as a stage of its own.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+t_start=$SECONDS
 bash scripts/setup.sh || exit 1
 # A run from a fresh clone gains nothing from incremental caches, which take about as much disk
 # as the build itself; without them a full run from a fresh clone needs about 10 GiB free.
@@ -11,17 +21,32 @@ free_gib=$(df -Pk . | awk 'NR == 2 { print int($4 / 1048576) }')
 if ((free_gib < 10)); then
   echo "warning: only $free_gib GiB free here; a full run from a fresh clone needs about 10 GiB, so steps may fail with 'No space left on device'. Free space (an old target/ folder) first."
 fi
+work=$(mktemp -d)
+# Tests that cannot run here add a line each to this file (the Rust tests' cannot_run outside
+# CI, the Python client's skipped tests); the summary counts them.
+export MILLRACE_SKIPS=$work/skipped
+: > "$MILLRACE_SKIPS"
+guest_runner=
+cleanup() {
+  [[ -n $guest_runner ]] && kill -- -"$guest_runner" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
 
-passed=0 failed=0 failures=()
+passed=0 failed=0 failures=() stages=() stage_secs=() stage_result=()
+record() { # NAME SECONDS RESULT
+  stages+=("$1"); stage_secs+=("$2"); stage_result+=("$3")
+  if [[ $3 == ok ]]; then
+    passed=$((passed + 1)); echo "--- ok: $1 ($2 s)"
+  else
+    failed=$((failed + 1)); failures+=("$1"); echo "--- FAILED: $1 ($2 s${3#FAILED})"
+  fi
+}
 step() {
   local name=$1; shift
   echo "=== $name"
   local t0=$SECONDS
-  if "$@"; then
-    passed=$((passed + 1)); echo "--- ok: $name ($((SECONDS - t0)) s)"
-  else
-    failed=$((failed + 1)); failures+=("$name"); echo "--- FAILED: $name ($((SECONDS - t0)) s)"
-  fi
+  if "$@"; then record "$name" $((SECONDS - t0)) ok; else record "$name" $((SECONDS - t0)) FAILED; fi
 }
 
 step "cargo fmt" cargo fmt --all --check
@@ -29,10 +54,45 @@ step "cargo clippy" cargo clippy --workspace --all-targets -q -- -D warnings
 step "layering: no two modules of a crate import each other; crate dependencies as docs/ARCHITECTURE.md" python3 scripts/module-circles.py
 step "sizes: no function over 100 lines, no file over 800" python3 scripts/code-sizes.py
 step "dependencies: none unused (cargo machete)" bash scripts/unused-deps.sh
+# The tests, binaries and examples in one build; the second command only checks that it has
+# nothing left to build (the guests run the binaries and examples).
+build() {
+  cargo test --workspace --no-run -q && cargo build --workspace --bins --examples -q
+}
+step "build: the tests, binaries and examples, once" build
+bins=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug
+export MILLRACE_BINS=$bins
+step "build the CSI driver and csi-sanity for the guest" bash tests/csi/build-for-guest.sh "$bins"
+
+# The guests, in the background from here on: each is a throwaway VM that writes only inside
+# itself, so they run side by side and beside the host suites. Each one's output and its exit
+# status and seconds land in $work/guests.
+mkdir -p "$work/guests"
+guest_jobs=${MILLRACE_GUEST_JOBS:-2}
+guests=()
+for g in tests/guest/*.sh; do [[ -e $g ]] && guests+=("$g"); done
+run_guests() {
+  local g name
+  set +m   # the guests stay in the runner's process group
+  for g in "${guests[@]}"; do
+    while (($(jobs -rp | wc -l) >= guest_jobs)); do wait -n || true; done
+    name=$(basename "$g" .sh)
+    ( t0=$SECONDS
+      tests/guest/run-in-guest --timeout 1200 "$g" "$bins" > "$work/guests/$name.log" 2>&1
+      echo "$? $((SECONDS - t0))" > "$work/guests/$name.rc" ) &
+  done
+  wait
+}
+set -m   # the runner gets a process group of its own, so cleanup can end it and its guests
+run_guests < /dev/null &
+guest_runner=$!
+set +m
+echo "=== guests: ${#guests[@]} started in the background, $guest_jobs at a time (output at the end)"
+
 step "cargo test" cargo test --workspace -q
 step "api: openapi conformance (schemathesis)" bash tests/api/schemathesis.sh
 step "dashboard: headless chromium" bash tests/dashboard/run.sh
-step "fuzz: nvme/tcp pdu and session, nbd session, api json (short run)" bash scripts/fuzz.sh
+step "fuzz: replay the corpora, then nvme/tcp pdu and session, nbd session, api json (short run)" bash scripts/fuzz.sh
 step "soak: NVMe/TCP and NBD clients dropping and reconnecting, 45 s" bash tests/soak/run.sh
 step "nbd: the stock tools (nbdinfo, qemu-img, nbdsh, nbdcopy), trim, fast zero, kill -9" bash tests/nbd/stock-tools.sh
 step "csi: gofmt, go vet, go test, manifests" bash tests/csi/check.sh
@@ -40,40 +100,34 @@ step "csi: csi-sanity, identity and controller, two servers" bash tests/csi/sani
 if [[ -f python/pyproject.toml ]]; then
   step "python client" bash python/tests/run.sh
 fi
-# The guest runs the binaries built here; each script gets their folder as its first argument.
-step "build binaries for the guest" cargo build --workspace --bins --examples -q
-bins=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug
-step "build the CSI driver and csi-sanity for the guest" bash tests/csi/build-for-guest.sh "$bins"
-# Each guest is a throwaway VM that writes only inside itself, so they run side by side
-# (MILLRACE_GUEST_JOBS at a time, 2 by default: one per core here); each one's output is printed
-# whole, in order, once it ends.
-guest_logs=$(mktemp -d)
-guest_jobs=${MILLRACE_GUEST_JOBS:-2}
-guests=()
-for g in tests/guest/*.sh; do
-  [[ -e $g ]] || continue
-  guests+=("$g")
-  while (($(jobs -rp | wc -l) >= guest_jobs)); do wait -n || true; done
-  name=$(basename "$g" .sh)
-  ( t0=$SECONDS
-    tests/guest/run-in-guest --timeout 1200 "$g" "$bins" > "$guest_logs/$name.log" 2>&1
-    echo "$? $((SECONDS - t0))" > "$guest_logs/$name.rc" ) &
-done
-wait
+
+echo "=== waiting for the guests"
+t0=$SECONDS
+wait "$guest_runner"
+guest_runner=
+echo "    (waited $((SECONDS - t0)) s for the guests after the host suites)"
 for g in "${guests[@]}"; do
   name=$(basename "$g" .sh)
   echo "=== guest: $name"
-  cat "$guest_logs/$name.log"
-  read -r rc secs < "$guest_logs/$name.rc" || { rc=1 secs=0; }
-  if ((rc == 0)); then
-    passed=$((passed + 1)); echo "--- ok: guest: $name ($secs s)"
-  else
-    failed=$((failed + 1)); failures+=("guest: $name"); echo "--- FAILED: guest: $name ($secs s, exit $rc)"
-  fi
+  cat "$work/guests/$name.log" 2>/dev/null
+  read -r rc secs < "$work/guests/$name.rc" 2>/dev/null || { rc=1 secs=0; }
+  if ((rc == 0)); then record "guest: $name" "$secs" ok; else record "guest: $name" "$secs" "FAILED, exit $rc"; fi
 done
-rm -rf "$guest_logs"
 
 echo
+total="all (wall clock; the guests ran beside the host suites)"
+w=${#total}
+for n in "${stages[@]}"; do ((${#n} > w)) && w=${#n}; done
+printf '%-*s %7s  %s\n' "$w" stage seconds result
+for i in "${!stages[@]}"; do
+  printf '%-*s %7d  %s\n' "$w" "${stages[$i]}" "${stage_secs[$i]}" "${stage_result[$i]%%,*}"
+done
+printf '%-*s %7d\n' "$w" "$total" $((SECONDS - t_start))
+skipped=$(sort -u "$MILLRACE_SKIPS" | grep -c .)
+if ((skipped)); then
+  echo "skipped (could not run here: a Rust test that needs what this machine lacks fails instead in CI, where CI is set; the Python client's GPU tests skip without PyTorch or a GPU):"
+  sort -u "$MILLRACE_SKIPS" | sed 's/^/  /'
+fi
 ((failed)) && printf 'failed: %s\n' "${failures[@]}"
-echo "$passed passed, $failed failed"
+echo "$passed passed, $failed failed$( ((skipped)) && echo ", $skipped skipped")"
 ((failed == 0))

@@ -1,11 +1,15 @@
 # Sourced by the test scripts that drive a real `millrace serve` (tests/api, tests/dashboard):
-# build the CLI, make a throwaway home that is removed on exit, start the server and wait for it.
-# Sets: bin (the CLI), tmp (the throwaway folder), MILLRACE_HOME, server (its pid), url.
+# find (or build) the CLI, make a throwaway home that is removed on exit, start the server and
+# wait for it. Sets: bin (the CLI), tmp (the throwaway folder), MILLRACE_HOME, server (its pid),
+# url.
+
+# shellcheck source=bins.sh
+source "$(dirname "${BASH_SOURCE[0]}")/bins.sh"
 
 build_millrace() {
-  cargo build -p millrace-cli -q
-  bin=$(cargo metadata --format-version 1 --no-deps |
-    python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug/millrace
+  millrace_bins || { echo "could not build the binaries" >&2; exit 1; }
+  bin=$bins/millrace
+  [[ -x $bin ]] || { echo "$bin is missing" >&2; exit 1; }
 }
 
 throwaway_home() {

@@ -4,18 +4,21 @@
 # to itself, so a server and a client on 198.18.0.1 in the same guest reach each other over
 # RDMA.
 #   soft_roce_up           -> 0 with RDMA_ADDR and RDMA_DEV set, or 1 with SOFT_ROCE_WHY saying
-#                             why this kernel cannot (the caller skips, saying so)
+#                             what is missing (the caller fails, saying so: never a skip)
 #   soft_roce_prove        -> rping server and client exchange over rxe (proves the recipe)
 RDMA_ADDR=198.18.0.1
 RDMA_DEV=rxe0
 SOFT_ROCE_WHY=
 
 soft_roce_up() {
+  command -v rdma >/dev/null || {
+    SOFT_ROCE_WHY="the rdma tool is missing (Debian's iproute2, which scripts/setup.sh installs)"
+    return 1
+  }
   if ! modprobe -a rdma_rxe ib_uverbs rdma_ucm veth 2>/dev/null; then
-    SOFT_ROCE_WHY="this kernel has no rdma_rxe (soft-RoCE) module"
+    SOFT_ROCE_WHY="this kernel ($(uname -r)) has no rdma_rxe (soft-RoCE), ib_uverbs, rdma_ucm or veth module"
     return 1
   fi
-  command -v rdma >/dev/null || { SOFT_ROCE_WHY="the rdma tool (iproute2) is missing"; return 1; }
   if ! ip link show mr0 >/dev/null 2>&1; then
     ip link add mr0 type veth peer name mr1 || { SOFT_ROCE_WHY="cannot create a veth pair"; return 1; }
     ip addr add "$RDMA_ADDR/24" dev mr0

@@ -11,11 +11,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 secs=${1:-45}
 clients=${2:-16}
-cargo build -q -p millrace-cli --bin millrace
-cargo build -q -p millrace-server --example soak
-target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-bin=$target/debug/millrace
-soak=$target/debug/examples/soak
+# The binaries scripts/test.sh built with the tests (MILLRACE_BINS), or the same build.
+source tests/lib/bins.sh
+millrace_bins
+bin=$bins/millrace
+soak=$bins/examples/soak
 dir=$(mktemp -d)
 export MILLRACE_HOME=$dir/home
 pid=

@@ -56,10 +56,7 @@ fn raid6_pool(dir: &std::path::Path) {
 #[test]
 fn nbd_export_through_millrace_serve_with_libnbd_tools() {
     let (Some(nbdinfo), Some(nbdcopy)) = (tool("nbdinfo"), tool("nbdcopy")) else {
-        eprintln!(
-            "SKIPPED: nbdinfo/nbdcopy are not installed; install the Debian package libnbd-bin (scripts/setup.sh does) to run this test"
-        );
-        return;
+        return cannot_run("nbdinfo and nbdcopy, from the Debian package libnbd-bin (scripts/setup.sh installs it)");
     };
     let t = tempfile::tempdir().unwrap();
     let dir = t.path();
@@ -181,14 +178,12 @@ fn nbd_export_through_millrace_serve_with_libnbd_tools() {
 #[test]
 fn server_killed_mid_write_on_memory_files_tears_no_sector_and_parity_verifies() {
     let Some(nbdcopy) = tool("nbdcopy") else {
-        eprintln!(
-            "SKIPPED: nbdcopy is not installed; install the Debian package libnbd-bin (scripts/setup.sh does) to run this test"
+        return cannot_run(
+            "nbdcopy, from the Debian package libnbd-bin (scripts/setup.sh installs it)",
         );
-        return;
     };
     let Ok(t) = tempfile::tempdir_in("/dev/shm") else {
-        eprintln!("SKIPPED: no /dev/shm here");
-        return;
+        return cannot_run("a tmpfs at /dev/shm");
     };
     let dir = t.path();
     raid6_pool(dir);
@@ -270,4 +265,26 @@ fn server_killed_mid_write_on_memory_files_tears_no_sector_and_parity_verifies()
         finished_rounds < 6,
         "every copy finished before its kill: no kill landed inside a write"
     );
+}
+
+/// A test that needs what this machine lacks (`needs`, e.g. a tmpfs at /dev/shm) and so cannot
+/// run: where the variable CI is set (CI sets CI=true) that fails the test, saying what is
+/// missing; elsewhere it says "skipped: ..." on stderr, adds the line to the file named by
+/// MILLRACE_SKIPS (scripts/test.sh counts them in its summary) and the test returns.
+pub fn cannot_run(needs: &str) {
+    let test = std::thread::current().name().unwrap_or("a test").to_owned();
+    let why = format!("{test}: needs {needs}, which this machine lacks");
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{why}; CI runs every test (scripts/setup.sh installs what they need)"
+    );
+    eprintln!("skipped: {why}");
+    if let Some(list) = std::env::var_os("MILLRACE_SKIPS") {
+        use std::io::Write;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(list);
+        let _ = file.and_then(|mut f| writeln!(f, "{why}"));
+    }
 }

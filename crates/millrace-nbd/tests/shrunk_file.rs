@@ -34,9 +34,13 @@ struct ShmDev {
 
 impl ShmDev {
     fn new() -> Option<Arc<ShmDev>> {
-        let file = tempfile::tempfile_in("/dev/shm").ok()?;
-        file.write_all_at(&pattern(3, SIZE as usize), 0).ok()?;
-        let map = millrace_io::mapped::map(file.as_raw_fd(), SIZE, None)?;
+        let Ok(file) = tempfile::tempfile_in("/dev/shm") else {
+            cannot_run("a tmpfs at /dev/shm");
+            return None;
+        };
+        file.write_all_at(&pattern(3, SIZE as usize), 0).unwrap();
+        let map =
+            millrace_io::mapped::map(file.as_raw_fd(), SIZE, None).expect("a tmpfs file maps");
         Some(Arc::new(ShmDev {
             file,
             map: Arc::new(map),
@@ -147,4 +151,26 @@ async fn a_large_read_the_kernel_cannot_send_stops_the_lending() {
         matches!(r, Some((e, _)) if e != 0),
         "the read is refused with an error, not by ending the connection again"
     );
+}
+
+/// A test that needs what this machine lacks (`needs`, e.g. a tmpfs at /dev/shm) and so cannot
+/// run: where the variable CI is set (CI sets CI=true) that fails the test, saying what is
+/// missing; elsewhere it says "skipped: ..." on stderr, adds the line to the file named by
+/// MILLRACE_SKIPS (scripts/test.sh counts them in its summary) and the test returns.
+pub fn cannot_run(needs: &str) {
+    let test = std::thread::current().name().unwrap_or("a test").to_owned();
+    let why = format!("{test}: needs {needs}, which this machine lacks");
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{why}; CI runs every test (scripts/setup.sh installs what they need)"
+    );
+    eprintln!("skipped: {why}");
+    if let Some(list) = std::env::var_os("MILLRACE_SKIPS") {
+        use std::io::Write;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(list);
+        let _ = file.and_then(|mut f| writeln!(f, "{why}"));
+    }
 }

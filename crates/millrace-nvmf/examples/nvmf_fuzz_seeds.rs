@@ -1,7 +1,7 @@
-//! Writes seed inputs for the fuzz targets in `fuzz/` (valid PDU streams that the fuzzer then
-//! mutates: random bytes alone rarely get past a PDU header's length checks).
+//! Writes seed inputs for the fuzz targets in the top-level `fuzz/` (valid PDU streams that the
+//! fuzzer then mutates: random bytes alone rarely get past a PDU header's length checks).
 //!
-//! `cargo run -p millrace-nvmf --example nvmf_fuzz_seeds -- crates/millrace-nvmf/fuzz/corpus`
+//! `cargo run -p millrace-nvmf --example nvmf_fuzz_seeds -- fuzz/corpus` (fuzz/seed.sh runs it)
 //! writes `<dir>/pdu_decode/*` and `<dir>/conn_session/*`. The first bytes of each seed are the
 //! harness's own choices; the fuzz targets describe them.
 
@@ -142,7 +142,7 @@ fn main() -> std::io::Result<()> {
     let root = std::env::args_os()
         .nth(1)
         .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| "crates/millrace-nvmf/fuzz/corpus".into());
+        .unwrap_or_else(|| "fuzz/corpus".into());
 
     // pdu_decode: [flags: 1 host side, 2 after IC, 4 hdgst, 8 ddgst][max_data u16][multiplier].
     let d = root.join("pdu_decode");

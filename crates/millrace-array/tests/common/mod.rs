@@ -85,7 +85,7 @@ pub fn file_rig(level: Level, n: usize, group: Option<usize>, strip: usize, rows
 }
 
 /// A rig on drive files in memory (/dev/shm, tmpfs), whose I/O the cores run inline through
-/// the files' mappings; None where this machine has no /dev/shm.
+/// the files' mappings; None where this machine has no /dev/shm (see `cannot_run`).
 pub fn memory_rig(
     level: Level,
     n: usize,
@@ -93,8 +93,33 @@ pub fn memory_rig(
     strip: usize,
     rows: usize,
 ) -> Option<Rig> {
-    let dir = tempfile::tempdir_in("/dev/shm").ok()?;
+    let Ok(dir) = tempfile::tempdir_in("/dev/shm") else {
+        cannot_run("a tmpfs at /dev/shm");
+        return None;
+    };
     Some(file_rig_in(dir, true, level, n, group, strip, rows))
+}
+
+/// A test that needs what this machine lacks (`needs`, e.g. a tmpfs at /dev/shm) and so cannot
+/// run: where the variable CI is set (CI sets CI=true) that fails the test, saying what is
+/// missing; elsewhere it says "skipped: ..." on stderr, adds the line to the file named by
+/// MILLRACE_SKIPS (scripts/test.sh counts them in its summary) and the test returns.
+pub fn cannot_run(needs: &str) {
+    let test = std::thread::current().name().unwrap_or("a test").to_owned();
+    let why = format!("{test}: needs {needs}, which this machine lacks");
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{why}; CI runs every test (scripts/setup.sh installs what they need)"
+    );
+    eprintln!("skipped: {why}");
+    if let Some(list) = std::env::var_os("MILLRACE_SKIPS") {
+        use std::io::Write;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(list);
+        let _ = file.and_then(|mut f| writeln!(f, "{why}"));
+    }
 }
 
 fn file_rig_in(

@@ -757,9 +757,15 @@ mod tests {
     use std::os::fd::AsRawFd;
 
     fn shm_file(len: usize) -> Option<std::fs::File> {
-        let mut f = tempfile::tempfile_in("/dev/shm").ok()?;
+        let mut f = match tempfile::tempfile_in("/dev/shm") {
+            Ok(f) => f,
+            Err(_) => {
+                crate::cannot_run("a tmpfs at /dev/shm");
+                return None;
+            }
+        };
         let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
-        f.write_all(&data).ok()?;
+        f.write_all(&data).expect("write a file in /dev/shm");
         Some(f)
     }
 
@@ -860,7 +866,7 @@ mod tests {
 
         // A sparse file: nothing is lent until a write through the mapping fills the chunk.
         let Ok(f) = tempfile::tempfile_in("/dev/shm") else {
-            return;
+            return crate::cannot_run("a tmpfs at /dev/shm");
         };
         f.set_len(1 << 20).unwrap();
         let m = map(f.as_raw_fd(), 1 << 20, None).expect("a tmpfs file maps");
@@ -885,7 +891,7 @@ mod tests {
     fn a_place_written_in_the_mapping_is_the_files_and_fills_its_chunks() {
         use std::os::unix::fs::FileExt;
         let Ok(f) = tempfile::tempfile_in("/dev/shm") else {
-            return;
+            return crate::cannot_run("a tmpfs at /dev/shm");
         };
         let len = 256 * 1024;
         f.set_len(len as u64).unwrap();
@@ -913,7 +919,7 @@ mod tests {
     #[test]
     fn repaired_writes_are_copied_into_the_mapping_and_fill_their_chunks() {
         let Ok(f) = tempfile::tempfile_in("/dev/shm") else {
-            return;
+            return crate::cannot_run("a tmpfs at /dev/shm");
         };
         let len = 256 * 1024;
         f.set_len(len as u64).unwrap();
@@ -982,7 +988,7 @@ mod tests {
     #[test]
     fn reads_of_a_file_with_holes_allocate_nothing_until_it_fills_up() {
         let Ok(f) = tempfile::tempfile_in("/dev/shm") else {
-            return;
+            return crate::cannot_run("a tmpfs at /dev/shm");
         };
         f.set_len(64 * 1024).unwrap();
         let fd = f.as_raw_fd();

@@ -414,11 +414,18 @@ mod tests {
 
     /// A drive file of `len` patterned bytes in /dev/shm, in a directory of its own.
     fn drive(len: usize) -> Option<(tempfile::TempDir, PathBuf, File)> {
-        let dir = tempfile::tempdir_in("/dev/shm").ok()?;
+        let Ok(dir) = tempfile::tempdir_in("/dev/shm") else {
+            crate::cannot_run("a tmpfs at /dev/shm");
+            return None;
+        };
         let path = dir.path().join("d0.img");
         let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
-        std::fs::write(&path, data).ok()?;
-        let f = OpenOptions::new().read(true).write(true).open(&path).ok()?;
+        std::fs::write(&path, data).expect("write a drive file in /dev/shm");
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
         Some((dir, path, f))
     }
 
