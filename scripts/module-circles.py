@@ -9,7 +9,7 @@ test modules (`#[cfg(test)]` to the end of a file) may reach anywhere. Written b
 no maintained cargo tool reports circles between modules (cargo-modules draws the graph but
 does not fail a build).
 
-Crates: every crates/*/Cargo.toml (and its fuzz/Cargo.toml, counted as tests) is read, and each
+Crates: every crates/*/Cargo.toml (and a fuzz/Cargo.toml beside it, counted as tests) is read, and each
 dependency on another workspace crate must be listed for it in CRATE_DEPS (what it ships with)
 or TEST_DEPS (what only its tests, examples and fuzz targets use). The tables are the graph
 docs/ARCHITECTURE.md ("Crates and what each may depend on") states: a new edge fails here until
