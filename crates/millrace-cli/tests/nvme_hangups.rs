@@ -196,6 +196,12 @@ fn nvme_hosts_hanging_up_under_load_neither_end_nor_starve_the_server() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         good_io(&good, lba, &mut rng).await;
+        // The stalled writes were in flight when their hosts went: counted as abandoned.
+        let abandoned = metric(
+            &url,
+            "millrace_export_requests_abandoned_total{protocol=\"nvme-tcp\"}",
+        );
+        assert!(abandoned > 0.0, "no command was counted as abandoned");
     });
     assert!(server.alive());
     let log = std::fs::read_to_string(dir.path().join("serve.log")).unwrap();

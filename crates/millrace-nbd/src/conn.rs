@@ -233,6 +233,11 @@ async fn transmit<R, W>(
                 let (shared, dev) = (sh.clone(), dev.clone());
                 let mut task = Box::pin(async move {
                     run(&shared, dev.as_ref(), req, buf).await;
+                    // Its reply could not go (the client hung up, or a reply before it
+                    // failed): the request is counted as abandoned.
+                    if *shared.broken.borrow() {
+                        Counters::add(&shared.inner.counters.abandoned, 1);
+                    }
                     drop(held);
                 });
                 // Its first step runs here: on members in memory most requests end in it, and a
@@ -254,6 +259,7 @@ async fn transmit<R, W>(
     }
     // The protocol asks us to finish what is in flight before closing.
     let _ = flush(sh).await;
+
     let _all = bounds.slots.acquire_many(bounds.max_slots).await;
     let _ = sh.w.lock().await.shutdown().await;
 }

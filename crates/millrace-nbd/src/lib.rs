@@ -149,6 +149,9 @@ pub struct Stats {
     pub zeroes: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
+    /// Requests whose reply could not be sent (their client hung up, or its connection failed
+    /// first): they finished on the volume and their buffers came back.
+    pub abandoned: u64,
 }
 
 #[derive(Default)]
@@ -165,6 +168,7 @@ pub(crate) struct Counters {
     pub zeroes: AtomicU64,
     pub bytes_read: AtomicU64,
     pub bytes_written: AtomicU64,
+    pub abandoned: AtomicU64,
 }
 
 impl Counters {
@@ -186,6 +190,7 @@ impl Counters {
             zeroes: g(&self.zeroes),
             bytes_read: g(&self.bytes_read),
             bytes_written: g(&self.bytes_written),
+            abandoned: g(&self.abandoned),
         }
     }
 }

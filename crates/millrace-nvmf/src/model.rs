@@ -198,6 +198,9 @@ pub struct Stats {
     pub protocol_errors: u64,
     /// Connections closed because a handshake or a PDU did not arrive in time.
     pub timeouts: u64,
+    /// Commands in flight when their connection ended (the host hung up, reset or failed):
+    /// they finish on the volume and their buffers come back; no completion is sent.
+    pub abandoned: u64,
     /// Connects refused (host not allowed, unknown subsystem, bad data), per transport.
     pub connects_refused_tcp: u64,
     pub connects_refused_rdma: u64,
@@ -211,6 +214,7 @@ pub(crate) struct Counters {
     pub errors: AtomicU64,
     pub protocol_errors: AtomicU64,
     pub timeouts: AtomicU64,
+    pub abandoned: AtomicU64,
     pub connects_refused_tcp: AtomicU64,
     pub connects_refused_rdma: AtomicU64,
 }

@@ -372,6 +372,7 @@ impl Target {
             errors: r(&c.errors),
             protocol_errors: r(&c.protocol_errors),
             timeouts: r(&c.timeouts),
+            abandoned: r(&c.abandoned),
             connects_refused_tcp: r(&c.connects_refused_tcp),
             connects_refused_rdma: r(&c.connects_refused_rdma),
             ..Default::default()

@@ -283,8 +283,19 @@ fn register_exports(reg: &mut Registry, state: &State) {
         "millrace_export_connections_refused",
         "Client connections refused (host not allowed, over the limit)",
     );
+    let abandoned: Family<ProtoL, Counter> = family(
+        reg,
+        "millrace_export_requests_abandoned",
+        "Requests in flight when their connection ended (the client hung up, reset or failed, or the server closed it): finished on the volume, buffers returned, no reply sent",
+    );
     let n = state.nvmf.stats();
     let b = state.nbd.stats();
+    for (protocol, k) in [("nvme-tcp", n.abandoned), ("nbd", b.abandoned)] {
+        let l = ProtoL {
+            protocol: protocol.into(),
+        };
+        abandoned.get_or_create(&l).inc_by(k);
+    }
     let figures = [
         (
             "nvme-tcp",

@@ -159,6 +159,12 @@ pub(crate) async fn serve_connection(
         plug: Plug::new(t.cfg.write_hold),
     };
     let stop = c.run().await;
+    let in_flight = c.reply.in_flight();
+    if in_flight > 0 {
+        t.counters
+            .abandoned
+            .fetch_add(in_flight as u64, Ordering::Relaxed);
+    }
     if let Stop::Fatal(e, hdr) = stop {
         t.counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
         tracing::info!(%peer, "closing the connection after a protocol error: {e}");

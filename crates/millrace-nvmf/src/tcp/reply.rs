@@ -117,6 +117,11 @@ impl Drop for Replier {
 }
 
 impl Replier {
+    /// Commands in flight now (admitted, not yet completed).
+    pub fn in_flight(&self) -> usize {
+        self.out.inflight.load(Ordering::Relaxed)
+    }
+
     /// Counts a command in flight and returns how many are.
     pub fn admit(&self) -> usize {
         self.out.inflight.fetch_add(1, Ordering::Relaxed) + 1
