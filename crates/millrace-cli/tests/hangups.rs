@@ -324,7 +324,10 @@ fn hostile_load(target: Target, server: &mut common::Server, url: &str, seed: u6
     }
     drop(good);
     // The requests the hung-up clients left in flight (the unread reads at least) were counted.
-    let abandoned = metric(url, "millrace_export_requests_abandoned_total{protocol=\"nbd\"}");
+    let abandoned = metric(
+        url,
+        "millrace_export_requests_abandoned_total{protocol=\"nbd\"}",
+    );
     assert!(abandoned > 0.0, "no request was counted as abandoned");
 }
 
