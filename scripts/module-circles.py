@@ -52,8 +52,9 @@ CRATE_DEPS = {
 # (examples/nvmf_bench.rs) exports a real pool, so an export crate's dev-dependencies reach the
 # array.
 TEST_DEPS = {
-    # The hang-up tests drive `millrace serve` with the crate's own NVMe/TCP initiator.
-    "cli": {"nvmf"},
+    # The hang-up tests drive `millrace serve` with the crate's own NVMe/TCP initiator; io
+    # holds the tests' shared `cannot_run`.
+    "cli": {"io", "nvmf"},
     "nvmf": {"array"},
     "nvmf-rdma": {"block"},
 }

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use millrace_io::cannot_run;
 use predicates::str::contains;
 use serde_json::Value;
 
@@ -452,26 +453,4 @@ fn hot_spare_rebuild_starts_by_itself() {
     assert!(read_back(dir, "tank", 777, data.len()) == data);
     let rep = scrub(dir, "tank");
     assert_eq!(rep["mismatches"], 0, "{rep}");
-}
-
-/// A test that needs what this machine lacks (`needs`, e.g. a tmpfs at /dev/shm) and so cannot
-/// run: where the variable CI is set (CI sets CI=true) that fails the test, saying what is
-/// missing; elsewhere it says "skipped: ..." on stderr, adds the line to the file named by
-/// MILLRACE_SKIPS (scripts/test.sh counts them in its summary) and the test returns.
-pub fn cannot_run(needs: &str) {
-    let test = std::thread::current().name().unwrap_or("a test").to_owned();
-    let why = format!("{test}: needs {needs}, which this machine lacks");
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{why}; CI runs every test (scripts/setup.sh installs what they need)"
-    );
-    eprintln!("skipped: {why}");
-    if let Some(list) = std::env::var_os("MILLRACE_SKIPS") {
-        use std::io::Write;
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(list);
-        let _ = file.and_then(|mut f| writeln!(f, "{why}"));
-    }
 }

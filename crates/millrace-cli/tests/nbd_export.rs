@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use common::{millrace, pattern, serve};
+use millrace_io::cannot_run;
 
 /// The path of a tool, or None when it is not installed.
 fn tool(name: &str) -> Option<PathBuf> {
@@ -265,26 +266,4 @@ fn server_killed_mid_write_on_memory_files_tears_no_sector_and_parity_verifies()
         finished_rounds < 6,
         "every copy finished before its kill: no kill landed inside a write"
     );
-}
-
-/// A test that needs what this machine lacks (`needs`, e.g. a tmpfs at /dev/shm) and so cannot
-/// run: where the variable CI is set (CI sets CI=true) that fails the test, saying what is
-/// missing; elsewhere it says "skipped: ..." on stderr, adds the line to the file named by
-/// MILLRACE_SKIPS (scripts/test.sh counts them in its summary) and the test returns.
-pub fn cannot_run(needs: &str) {
-    let test = std::thread::current().name().unwrap_or("a test").to_owned();
-    let why = format!("{test}: needs {needs}, which this machine lacks");
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{why}; CI runs every test (scripts/setup.sh installs what they need)"
-    );
-    eprintln!("skipped: {why}");
-    if let Some(list) = std::env::var_os("MILLRACE_SKIPS") {
-        use std::io::Write;
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(list);
-        let _ = file.and_then(|mut f| writeln!(f, "{why}"));
-    }
 }

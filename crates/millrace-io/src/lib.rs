@@ -44,9 +44,10 @@ pub use share::{Share, Shares};
 /// A test that needs what this machine lacks (`needs`, e.g. a tmpfs at /dev/shm) and so cannot
 /// run: where the variable CI is set (CI sets CI=true) that fails the test, saying what is
 /// missing; elsewhere it says "skipped: ..." on stderr, adds the line to the file named by
-/// MILLRACE_SKIPS (scripts/test.sh counts them in its summary) and the test returns.
-#[cfg(test)]
-pub(crate) fn cannot_run(needs: &str) {
+/// MILLRACE_SKIPS (scripts/test.sh counts them in its summary) and the test returns. For
+/// tests only; it lives here, at the bottom of the crate graph, so every crate's tests share it.
+#[doc(hidden)]
+pub fn cannot_run(needs: &str) {
     let test = std::thread::current().name().unwrap_or("a test").to_owned();
     let why = format!("{test}: needs {needs}, which this machine lacks");
     assert!(

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use common::*;
 use millrace_block::{check_range, BlockDevice, Lent};
+use millrace_io::cannot_run;
 use millrace_io::mapped::Mapping;
 use millrace_io::IoBuf;
 use millrace_nbd::proto::*;
@@ -151,26 +152,4 @@ async fn a_large_read_the_kernel_cannot_send_stops_the_lending() {
         matches!(r, Some((e, _)) if e != 0),
         "the read is refused with an error, not by ending the connection again"
     );
-}
-
-/// A test that needs what this machine lacks (`needs`, e.g. a tmpfs at /dev/shm) and so cannot
-/// run: where the variable CI is set (CI sets CI=true) that fails the test, saying what is
-/// missing; elsewhere it says "skipped: ..." on stderr, adds the line to the file named by
-/// MILLRACE_SKIPS (scripts/test.sh counts them in its summary) and the test returns.
-pub fn cannot_run(needs: &str) {
-    let test = std::thread::current().name().unwrap_or("a test").to_owned();
-    let why = format!("{test}: needs {needs}, which this machine lacks");
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{why}; CI runs every test (scripts/setup.sh installs what they need)"
-    );
-    eprintln!("skipped: {why}");
-    if let Some(list) = std::env::var_os("MILLRACE_SKIPS") {
-        use std::io::Write;
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(list);
-        let _ = file.and_then(|mut f| writeln!(f, "{why}"));
-    }
 }

@@ -10,6 +10,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use millrace_io::cannot_run;
 use millrace_nvmf::initiator::{HostController, HostOptions};
 use serde_json::{json, Value};
 
@@ -145,26 +146,4 @@ fn a_drive_truncated_under_lent_reads_is_failed_and_its_data_served_by_parity() 
     let (_, p) = call(&agent, &api("/api/v1/pools/tank"), None);
     assert_eq!(p["state"], "degraded", "{p}");
     assert_eq!(p["members"][1]["state"], "faulty", "{p}");
-}
-
-/// A test that needs what this machine lacks (`needs`, e.g. a tmpfs at /dev/shm) and so cannot
-/// run: where the variable CI is set (CI sets CI=true) that fails the test, saying what is
-/// missing; elsewhere it says "skipped: ..." on stderr, adds the line to the file named by
-/// MILLRACE_SKIPS (scripts/test.sh counts them in its summary) and the test returns.
-pub fn cannot_run(needs: &str) {
-    let test = std::thread::current().name().unwrap_or("a test").to_owned();
-    let why = format!("{test}: needs {needs}, which this machine lacks");
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{why}; CI runs every test (scripts/setup.sh installs what they need)"
-    );
-    eprintln!("skipped: {why}");
-    if let Some(list) = std::env::var_os("MILLRACE_SKIPS") {
-        use std::io::Write;
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(list);
-        let _ = file.and_then(|mut f| writeln!(f, "{why}"));
-    }
 }

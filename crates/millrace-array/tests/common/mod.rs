@@ -7,6 +7,7 @@ use std::sync::Arc;
 use millrace_array::drive::{Drive, MemDrive};
 use millrace_array::superblock::MemberState;
 use millrace_array::{Array, Geometry, Level};
+pub use millrace_io::cannot_run;
 
 /// Multiplication in GF(2^8) with polynomial 0x11d, one bit at a time.
 pub fn gf_mul(mut a: u8, mut b: u8) -> u8 {
@@ -98,28 +99,6 @@ pub fn memory_rig(
         return None;
     };
     Some(file_rig_in(dir, true, level, n, group, strip, rows))
-}
-
-/// A test that needs what this machine lacks (`needs`, e.g. a tmpfs at /dev/shm) and so cannot
-/// run: where the variable CI is set (CI sets CI=true) that fails the test, saying what is
-/// missing; elsewhere it says "skipped: ..." on stderr, adds the line to the file named by
-/// MILLRACE_SKIPS (scripts/test.sh counts them in its summary) and the test returns.
-pub fn cannot_run(needs: &str) {
-    let test = std::thread::current().name().unwrap_or("a test").to_owned();
-    let why = format!("{test}: needs {needs}, which this machine lacks");
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{why}; CI runs every test (scripts/setup.sh installs what they need)"
-    );
-    eprintln!("skipped: {why}");
-    if let Some(list) = std::env::var_os("MILLRACE_SKIPS") {
-        use std::io::Write;
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(list);
-        let _ = file.and_then(|mut f| writeln!(f, "{why}"));
-    }
 }
 
 fn file_rig_in(
