@@ -9,33 +9,12 @@ mod common;
 use std::os::unix::net::UnixDatagram;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 fn start(dir: &Path, notify: Option<&Path>) -> Child {
-    let home = dir.join("home");
-    let _ = std::fs::remove_file(home.join("server.json"));
-    let log = std::fs::File::create(dir.join("serve.log")).unwrap();
-    let mut c = Command::new(env!("CARGO_BIN_EXE_millrace"));
-    c.env("MILLRACE_HOME", &home)
-        .args(["serve", "--api", "127.0.0.1:0", "--no-nvme"])
-        .stdout(Stdio::null())
-        .stderr(log);
-    if let Some(n) = notify {
-        c.env("NOTIFY_SOCKET", n);
-    }
-    let mut child = c.spawn().expect("millrace serve starts");
-    let t0 = Instant::now();
-    while !home.join("server.json").exists() {
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "millrace serve exited while starting:\n{}",
-            log_of(dir)
-        );
-        assert!(t0.elapsed() < Duration::from_secs(30), "no start in 30 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child
+    let env: Vec<(&str, &Path)> = notify.map(|n| ("NOTIFY_SOCKET", n)).into_iter().collect();
+    common::spawn_serve(dir, &["--no-nvme"], &env)
 }
 
 fn log_of(dir: &Path) -> String {

@@ -86,27 +86,41 @@ pub fn serve(dir: &Path) -> Server {
 
 /// `serve` with these arguments after `--api` (`--no-nvme` or an NVMe/TCP address).
 pub fn serve_with(dir: &Path, args: &[&str]) -> Server {
+    Server(spawn_serve(dir, args, &[]))
+}
+
+/// Starts `millrace serve` for the home in `dir` (API on a free loopback port, then `args`,
+/// with `env` set; its log in dir/serve.log) and waits until it has written its server file.
+/// A file a killed server left is removed first, so the wait is for this server's.
+pub fn spawn_serve(dir: &Path, args: &[&str], env: &[(&str, &Path)]) -> Child {
     let home = dir.join("home");
+    let _ = std::fs::remove_file(home.join("server.json"));
     let log = std::fs::File::create(dir.join("serve.log")).unwrap();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_millrace"))
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_millrace"))
         .env("MILLRACE_HOME", &home)
+        .envs(env.iter().copied())
         .args(["serve", "--api", "127.0.0.1:0"])
         .args(args)
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
         .expect("millrace serve starts");
-    let s = Server(child);
+    let log_of = || std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default();
     let t0 = Instant::now();
     while !home.join("server.json").exists() {
         assert!(
+            child.try_wait().unwrap().is_none(),
+            "millrace serve exited while starting; its log:\n{}",
+            log_of()
+        );
+        assert!(
             t0.elapsed() < Duration::from_secs(30),
             "millrace serve did not come up in 30 s; its log:\n{}",
-            std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default()
+            log_of()
         );
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     }
-    s
+    child
 }
 
 /// Runs a command and fails the test with its standard error if it fails.
