@@ -43,13 +43,6 @@ pub trait Drive: Send + Sync {
     fn direct(&self) -> bool {
         false
     }
-    /// Where `len` bytes at `offset` already lie in this process's memory, for a reader that
-    /// sends them from there instead of reading them into a buffer (a drive file in memory,
-    /// mapped: `millrace_io::mapped::Mapping::lend`); valid while the drive lives. None, the
-    /// default (a real drive, a wrapper that injects faults): read them.
-    fn lend(&self, _offset: u64, _len: usize) -> Option<std::ptr::NonNull<u8>> {
-        None
-    }
     /// Makes `[offset, offset + len)` read back as zeroes, giving its space back where the drive
     /// can (a hole in a drive file, an unmapped range of an SSD). Durable on the next `flush`.
     /// The default writes zeroes, so wrappers (fault injection) see ordinary writes.
@@ -85,20 +78,6 @@ pub struct FileDrive {
     file: File,
     size: u64,
     direct: bool,
-    /// A file in memory (tmpfs): its I/O on a core's ring runs inline (`millrace_io::inline`).
-    inline: bool,
-    /// Such a file mapped, so the inline I/O is a copy (`millrace_io::mapped`).
-    mapping: Option<millrace_io::mapped::Mapping>,
-}
-
-impl Drop for FileDrive {
-    fn drop(&mut self) {
-        // Before the descriptor closes, so its number is never taken for a memory file again.
-        if self.inline {
-            millrace_io::inline::set(self.fd(), false);
-        }
-        self.mapping = None;
-    }
 }
 
 impl FileDrive {
@@ -171,34 +150,11 @@ impl FileDrive {
             }
             return Err(e);
         }
-        // Before anything reads the drive, and whatever the knob says: writes a killed process
-        // left part done in its mapping are written again (`millrace_io::mapped::redo`). Only
-        // a drive whose writes go through the mapping keeps a redo file.
-        use millrace_io::mapped::redo::Redo;
-        let fd = file.as_raw_fd();
-        let inline = millrace_io::inline::in_memory(fd);
-        let redo = match (inline, millrace_io::inline::on_memory_fs(fd)) {
-            (true, _) => Redo::open(path, &file, size)?,
-            (false, true) => {
-                Redo::replay_only(path, &file, size)?;
-                None
-            }
-            (false, false) => None,
-        };
-        if inline {
-            millrace_io::inline::set(fd, true);
-        }
-        let mapping = match inline {
-            true => millrace_io::mapped::map(fd, size, redo),
-            false => None,
-        };
         Ok(FileDrive {
             path: path.to_path_buf(),
             file,
             size,
             direct,
-            inline,
-            mapping,
         })
     }
 
@@ -231,27 +187,17 @@ impl Drive for FileDrive {
         self.size
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        if self.mapping.is_some() && millrace_io::mapped::read_into(self.fd(), offset, buf) {
-            return Ok(());
-        }
         self.file.read_exact_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        if self.mapping.is_some() && millrace_io::mapped::write_from(self.fd(), offset, buf) {
-            return Ok(());
-        }
         self.file.write_all_at(buf, offset)
     }
     fn flush(&self) -> io::Result<()> {
         self.file.sync_data()
     }
     /// RWF_DSYNC: the kernel sends an O_DIRECT write to an NVMe drive as a FUA write, and
-    /// syncs just this range of a buffered file. A file in memory has nothing to sync: its
-    /// plain pwrite (`mapped::write_from`) is durable once it returns.
+    /// syncs just this range of a buffered file.
     fn write_fua_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        if self.mapping.is_some() && millrace_io::mapped::write_from(self.fd(), offset, buf) {
-            return Ok(());
-        }
         millrace_io::ring::write_all_durable(self.fd(), buf, offset)
     }
     fn uring_fd(&self) -> Option<RawFd> {
@@ -259,9 +205,6 @@ impl Drive for FileDrive {
     }
     fn direct(&self) -> bool {
         self.direct
-    }
-    fn lend(&self, offset: u64, len: usize) -> Option<std::ptr::NonNull<u8>> {
-        self.mapping.as_ref()?.lend(offset, len)
     }
     /// A drive file gets a hole (`fallocate` PUNCH_HOLE, KEEP_SIZE: its blocks go back to the
     /// filesystem and read as zeroes). On a block device the same call asks the kernel to
@@ -280,9 +223,6 @@ impl Drive for FileDrive {
             ));
         };
         let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        if let Some(m) = &self.mapping {
-            m.punching_hole(offset, len);
-        }
         // SAFETY: fallocate on a descriptor this drive owns; no memory is passed.
         if unsafe { libc::fallocate(self.fd(), mode, off, n) } == 0 {
             return Ok(());

@@ -124,15 +124,7 @@ pub fn execute(drives: &[Arc<dyn Drive>], ops: &mut [Op]) -> Vec<io::Result<()>>
     if ops.is_empty() {
         return results;
     }
-    // Files in memory: a copy on this thread costs less than the ring's worker hand-off
-    // (millrace_io::inline), as on the cores.
-    let in_memory = ops.iter().all(|o| {
-        drives[o.member]
-            .uring_fd()
-            .is_some_and(millrace_io::inline::is_set)
-    });
-    let use_uring = !in_memory
-        && !URING_BROKEN.load(Ordering::Relaxed)
+    let use_uring = !URING_BROKEN.load(Ordering::Relaxed)
         && ops.iter().all(|o| match o.buf {
             // Durability on the ring only where the drive lets the ring model it.
             OpBuf::Flush | OpBuf::WriteFua(_) => drives[o.member].uring_flush(),
@@ -151,7 +143,7 @@ pub fn execute(drives: &[Arc<dyn Drive>], ops: &mut [Op]) -> Vec<io::Result<()>>
             return results;
         }
     }
-    if in_memory || ops.len() == 1 || !ops.iter().any(|o| drives[o.member].uring_fd().is_some()) {
+    if ops.len() == 1 || !ops.iter().any(|o| drives[o.member].uring_fd().is_some()) {
         for (op, res) in ops.iter_mut().zip(results.iter_mut()) {
             *res = sync_op(drives[op.member].as_ref(), op);
         }

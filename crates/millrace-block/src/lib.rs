@@ -10,7 +10,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::RwLock;
 
-pub use millrace_io::{IoBuf, Lent};
+pub use millrace_io::IoBuf;
 
 /// The future of an async device call: boxed, so exports keep `Arc<dyn BlockDevice>`.
 pub type IoFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -88,28 +88,6 @@ pub trait BlockDevice: Send + Sync + 'static {
             done += n as u64;
         }
         Ok(())
-    }
-
-    /// The `len` bytes at `offset` where they already lie in memory, lent to be sent from
-    /// instead of read into a pool buffer (`IoBuf::lent`: drive files in memory, mapped), in
-    /// order, one buffer per place they lie in. None (the default, and wherever the device
-    /// cannot: a real drive, a degraded array, a hole): read them with `read_async`. A lent
-    /// read counts as a read; a layer above the device may hold more in the buffers while they
-    /// are out (the request's place in flight).
-    fn lend(&self, _offset: u64, _len: usize) -> Option<Lent> {
-        None
-    }
-
-    /// Writes `data` at `offset` here and now, where the device can do it whole without
-    /// waiting for anything (members in memory, no lock taken by another request, nothing to
-    /// record first), from the caller's own bytes: a transport whose write's data already lies
-    /// in its receive buffer saves the copy into a pool buffer, and the task a write of its own
-    /// would take. Some: the write's outcome, as `write_async` would report it. None (the
-    /// default, and wherever the device cannot): nothing is reported, and the caller writes
-    /// all of it with `write_async` (part of it may have reached the device: the write was not
-    /// complete, so it may still change to whatever the full write leaves).
-    fn write_now(&self, _offset: u64, _data: &[u8]) -> Option<io::Result<()>> {
-        None
     }
 
     /// Reads `buf.len()` bytes at `offset` into `buf`.

@@ -24,20 +24,17 @@ pub mod admission;
 mod buddy;
 pub mod buf;
 pub mod cores;
-mod filled;
-pub mod inline;
 mod kept;
-pub mod mapped;
 pub mod pool;
 mod region;
 pub mod ring;
 mod scratch;
 pub mod share;
 
-pub use buf::{lend_reads, lent_send_failed, IoBuf, Lent, ALIGN};
+pub use buf::{IoBuf, ALIGN};
 pub use cores::{current_core, CoreTask, Cores, CoresConfig};
 pub use pool::{BufPool, PoolConfig, PoolUsage};
-pub use ring::{on_ring, place_repaired, write_inline, Batch, OpKind, Results, SharedBuf};
+pub use ring::{io_wq_workers, on_ring, Batch, OpKind, Results, SharedBuf};
 pub use scratch::scratch;
 pub use share::{Share, Shares};
 

@@ -19,8 +19,9 @@
 //! each result in its batch and wakes the batch's task once, when its last entry completes.
 //!
 //! Where no ring runs (the CLI, tests, bench and maintenance threads), a batch runs synchronously
-//! on the calling thread with pread/pwrite/fdatasync, so the same API works everywhere; so does a
-//! batch whose files all live in memory (`crate::inline`).
+//! on the calling thread with pread/pwrite/fdatasync, so the same API works everywhere. Every member
+//! kind (block devices and files, O_DIRECT wherever the filesystem takes it) takes this one path:
+//! no member is mapped or served by copies outside the ring.
 
 use std::cell::{RefCell, UnsafeCell};
 use std::future::Future;
@@ -38,7 +39,6 @@ use slab::Slab;
 use tokio::io::unix::AsyncFd;
 
 use crate::buf::IoBuf;
-use crate::mapped::Access;
 use crate::BufPool;
 use smallvec::SmallVec;
 
@@ -115,8 +115,6 @@ struct MemberOp {
     offset: u64,
     kind: OpKind,
     buf: Option<(SharedBuf, Range<usize>)>,
-    /// A write whose sectors the array repairs after a crash (see [`Batch::write_repaired`]).
-    repaired: bool,
 }
 
 /// A batch's operations: most requests make one to four.
@@ -147,14 +145,7 @@ impl Batch {
         self.ops.is_empty()
     }
 
-    fn io(
-        &mut self,
-        fd: RawFd,
-        offset: u64,
-        kind: OpKind,
-        buf: &SharedBuf,
-        r: Range<usize>,
-    ) -> &mut MemberOp {
+    fn io(&mut self, fd: RawFd, offset: u64, kind: OpKind, buf: &SharedBuf, r: Range<usize>) {
         let (_, len) = buf.raw();
         assert!(
             r.start <= r.end && r.end <= len,
@@ -165,10 +156,7 @@ impl Batch {
             offset,
             kind,
             buf: Some((buf.clone(), r)),
-            repaired: false,
         });
-        let last = self.ops.len() - 1;
-        &mut self.ops[last]
     }
 
     /// Reads `buf[range]` from `fd` at `offset`.
@@ -188,22 +176,6 @@ impl Batch {
         self.io(fd, offset, OpKind::Write { fua }, buf, range);
     }
 
-    /// Writes `buf[range]` to `fd` at `offset` where a sector torn by a killed process is
-    /// repaired before anything reads it (parity under a write-intent bitmap, which resyncs the
-    /// row after a crash), so a file in memory may take it as a copy into its mapping
-    /// (`crate::mapped::Access::WriteRepaired`) instead of a pwrite.
-    pub fn write_repaired(
-        &mut self,
-        fd: RawFd,
-        offset: u64,
-        buf: &SharedBuf,
-        range: Range<usize>,
-        fua: bool,
-    ) {
-        self.io(fd, offset, OpKind::Write { fua }, buf, range)
-            .repaired = true;
-    }
-
     /// Makes `fd`'s completed writes durable. A batch gives no order between its entries, so a
     /// flush that must follow writes goes in a later batch.
     pub fn fsync(&mut self, fd: RawFd) {
@@ -212,7 +184,6 @@ impl Batch {
             offset: 0,
             kind: OpKind::Fsync,
             buf: None,
-            repaired: false,
         });
     }
 
@@ -228,8 +199,9 @@ impl Batch {
 
 struct BatchState {
     remaining: AtomicUsize,
-    /// Per operation: bytes moved, or a negated errno.
-    results: Box<[AtomicI64]>,
+    /// Per operation: bytes moved, or a negated errno (inline for most batches: one
+    /// allocation per batch, the state's own).
+    results: SmallVec<[AtomicI64; 4]>,
     waker: AtomicWaker,
 }
 
@@ -256,9 +228,8 @@ fn outcome(v: i64) -> io::Result<usize> {
 /// in-flight table holds the buffers.
 pub struct BatchFuture {
     ops: Option<Ops>,
-    /// Made when the batch goes to the ring, whose completions fill it. A batch run inline
-    /// (files in memory, most requests in the benchmarks) or synchronously has its results at
-    /// once and needs none: two allocations per request fewer.
+    /// Made when the batch goes to the ring, whose completions fill it. A batch run
+    /// synchronously (no ring on this thread) has its results at once and needs none.
     state: Option<Arc<BatchState>>,
 }
 
@@ -278,9 +249,6 @@ impl Future for BatchFuture {
         if let Some(ops) = self.ops.take() {
             if ops.is_empty() {
                 return Poll::Ready(Results::new());
-            }
-            if let Some(done) = run_inline(&ops) {
-                return Poll::Ready(done);
             }
             let state = BatchState::new(ops.len());
             state.waker.register(cx.waker());
@@ -410,19 +378,11 @@ pub struct RingStats {
     pub entries: AtomicU64,
     pub submits: AtomicU64,
     pub reaps: AtomicU64,
-    /// Operations on files in memory that this core ran inline instead (`crate::inline`).
-    pub inline: AtomicU64,
-    /// Of those, the ones run by `crate::mapped`: a read as a copy through the file's mapping,
-    /// a write as a pwrite that notes the chunks it filled (a repaired write as a copy into the
-    /// mapping).
-    pub mapped: AtomicU64,
-    /// Of those, the writes copied into the mapping (`Batch::write_repaired`).
-    pub repaired: AtomicU64,
 }
 
 impl RingStats {
     /// Adds `n` to counter `c` of this core's ring. Its one writer needs no atomic
-    /// read-modify-write (a locked instruction each, three per batch run inline); readers on
+    /// read-modify-write (a locked instruction each); readers on
     /// other cores see whole values.
     fn add(c: &AtomicU64, n: u64) {
         c.store(c.load(Ordering::Relaxed) + n, Ordering::Relaxed);
@@ -446,108 +406,27 @@ thread_local! {
     static RING: RefCell<Option<Ring>> = const { RefCell::new(None) };
 }
 
+/// io_uring's worker threads alive in this process now (tasks named `iou-wrk-*`). The kernel
+/// starts one when an entry cannot be issued without blocking (a buffered read of a file not in
+/// the page cache, a write that must wait for the filesystem) and hands the entry to it: a
+/// wake-up and context switches per such I/O, on whatever core it lands. Members opened
+/// O_DIRECT on block devices should need none; a count above zero while I/O runs says entries
+/// are being punted (`/metrics`: `millrace_io_wq_workers`; the block-device benchmark samples it).
+pub fn io_wq_workers() -> usize {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("iou-wrk"))
+        })
+        .count()
+}
+
 /// Whether this thread runs a ring (a core of [`crate::Cores`]).
 pub fn on_ring() -> bool {
     RING.with(|r| r.borrow().is_some())
-}
-
-/// On a core, a batch whose files all live in memory runs here and now: the copy inline costs
-/// less than io_uring's worker hand-off (`crate::inline`). Whether it ran.
-fn run_inline(ops: &[MemberOp]) -> Option<Results> {
-    if !ops.iter().all(|o| crate::inline::is_set(o.fd)) {
-        return None;
-    }
-    RING.with(|cell| {
-        let ring = cell.borrow();
-        let ring = ring.as_ref()?;
-        let (mut mapped, mut repaired) = (0, 0);
-        let done = ops
-            .iter()
-            .map(|op| {
-                outcome(match run_mapped(op) {
-                    Some(r) => {
-                        mapped += 1;
-                        repaired += u64::from(op.repaired);
-                        r
-                    }
-                    None => run_sync(op),
-                })
-            })
-            .collect();
-        let stats = &ring.stats;
-        RingStats::add(&stats.inline, ops.len() as u64);
-        RingStats::add(&stats.mapped, mapped);
-        if repaired > 0 {
-            RingStats::add(&stats.repaired, repaired);
-        }
-        Some(done)
-    })
-}
-
-/// The pages of `len` bytes at `offset` of a drive file in memory, to write in place on the
-/// terms of [`Batch::write_repaired`] (see `crate::mapped::place`), on a core: counted as one
-/// of its inline repaired writes. None where the write must go from a buffer in a batch.
-pub fn place_repaired(fd: RawFd, offset: u64, len: usize) -> Option<crate::mapped::Place> {
-    if !crate::inline::is_set(fd) {
-        return None;
-    }
-    RING.with(|cell| {
-        let ring = cell.borrow();
-        let stats = &ring.as_ref()?.stats;
-        let place = crate::mapped::place(fd, offset, len)?;
-        RingStats::add(&stats.inline, 1);
-        RingStats::add(&stats.mapped, 1);
-        RingStats::add(&stats.repaired, 1);
-        Some(place)
-    })
-}
-
-/// A write of `data` at `offset` of a drive file in memory, copied in here and now on a core,
-/// whole sectors or none on a kill ([`Batch::write`]'s terms): what a batch of that one write
-/// runs inline, without making the batch. A request that lands on one member, as most small
-/// ones do, then takes no batch, result list or shared buffer (they were 5% of the core in 4K
-/// random writes). None where it must go through a batch: not a file in memory, no ring on
-/// this thread, no mapping, or a fault (the batch writes it by pwrite, or fails a lost file).
-pub fn write_inline(fd: RawFd, offset: u64, data: &[u8]) -> Option<usize> {
-    if !crate::inline::is_set(fd) {
-        return None;
-    }
-    RING.with(|cell| {
-        let ring = cell.borrow();
-        let stats = &ring.as_ref()?.stats;
-        // SAFETY: `data` is valid for reads of its length, which is all a write does with the
-        // pointer, and nothing writes it meanwhile (we hold the only reference).
-        let n = unsafe {
-            crate::mapped::copy(
-                fd,
-                offset,
-                data.as_ptr().cast_mut(),
-                data.len(),
-                Access::Write,
-            )
-        }?;
-        let n = usize::try_from(n).ok()?;
-        RingStats::add(&stats.inline, 1);
-        RingStats::add(&stats.mapped, 1);
-        Some(n)
-    })
-}
-
-/// A read or write of a mapped file in memory by `crate::mapped` (a read one copy through the
-/// mapping); None: run it by pread/pwrite.
-fn run_mapped(op: &MemberOp) -> Option<i64> {
-    let (b, r) = op.buf.as_ref()?;
-    let access = match op.kind {
-        OpKind::Read => Access::Read,
-        // A FUA write of a file in memory is durable once its pwrite (or copy) returns.
-        OpKind::Write { .. } if op.repaired => Access::WriteRepaired,
-        OpKind::Write { .. } => Access::Write,
-        OpKind::Fsync => return None,
-    };
-    let (p, _) = b.raw();
-    // SAFETY: the range was checked against the buffer, which this op keeps alive, and nothing
-    // else touches it while the batch runs.
-    unsafe { crate::mapped::copy(op.fd, op.offset, p.add(r.start), r.end - r.start, access) }
 }
 
 /// Queues the operations on this thread's ring; gives them back where the thread runs none.

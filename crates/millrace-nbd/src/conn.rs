@@ -1,7 +1,6 @@
 //! One connection, on the core it was placed on: the handshake, then the transmission phase.
 //! The reader loop parses requests; each takes one buffer from the server's pool (the global
-//! bound on payload memory) unless it is a read the device lends its own bytes for, a write's
-//! payload is received straight into it, and the request
+//! bound on payload memory), a write's payload is received straight into it, and the request
 //! then runs in the reader as far as it can without waiting, and as a task of its own on this
 //! core (`spawn_local`) if it must wait, so many are in flight at once and replies leave in
 //! completion order. What one connection and one client may hold is
@@ -11,22 +10,22 @@
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::io;
-use std::pin::Pin;
+
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Poll;
 
 use millrace_io::share::charge;
-use millrace_io::{BufPool, Share};
-use tokio::io::{AsyncBufRead, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use millrace_io::{BufPool, IoBuf, Share};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{watch, Mutex, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
 use crate::datapath::client_key;
 use crate::handshake::{negotiate, Session};
 use crate::proto::*;
-use crate::request::{check, flush, run, send_error, Payload, Shared, BATCH_MAX};
+use crate::request::{check, flush, run, send_error, Shared, BATCH_MAX};
 use crate::{Admitted, Counters, Inner, Peer};
 
 /// Releases the connection's place in the open-connection counts when it ends, however it ends.
@@ -275,7 +274,7 @@ async fn next<R, W>(
     bounds: &Bounds,
     pool: &BufPool,
     max_payload: u32,
-) -> Result<Option<(Held, Option<Payload>)>, Stop>
+) -> Result<Option<(Held, Option<IoBuf>)>, Stop>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -308,23 +307,6 @@ where
     if !data {
         return Ok(Some((held, None)));
     }
-    // A read the device lends needs no pool buffer: were the pool short, it would wait for one
-    // it never uses.
-    if req.kind == CMD_READ && millrace_io::lend_reads() {
-        let dev = s.entry.export.dev.as_ref();
-        if let Some(lent) = dev.lend(req.offset, req.len as usize) {
-            return Ok(Some((held, Some(Payload::Lent(lent)))));
-        }
-    }
-    // A write whose payload came whole with its header is done from the read buffer where the
-    // device can do it now: no pool buffer and no copy into it.
-    if payload > 0 && req.flags & CMD_FLAG_FUA == 0 && r.buffer().len() >= payload as usize {
-        let dev = s.entry.export.dev.as_ref();
-        if let Some(done) = dev.write_now(req.offset, &r.buffer()[..payload as usize]) {
-            Pin::new(&mut *r).consume(payload as usize);
-            return Ok(Some((held, Some(Payload::Written(done)))));
-        }
-    }
     let mut buf = match pool.get(req.len as usize).await {
         Ok(b) => b,
         Err(e) => {
@@ -353,5 +335,5 @@ where
             }
         }
     }
-    Ok(Some((held, Some(Payload::Buf(buf)))))
+    Ok(Some((held, Some(buf))))
 }

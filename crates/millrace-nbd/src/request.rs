@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use millrace_block::BlockDevice;
-use millrace_io::{IoBuf, Lent};
+use millrace_io::IoBuf;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{watch, Mutex};
 use tracing::{debug, info, warn};
@@ -131,22 +131,12 @@ fn counters<W>(sh: &Shared<W>) -> [&Counters; 2] {
     [&sh.inner.counters, &sh.entry.counters]
 }
 
-/// A request's data: its pool buffer (a write's payload, already received; a read's
-/// destination), or for a read the device's own bytes, lent (`BlockDevice::lend`).
-pub(crate) enum Payload {
-    Buf(IoBuf),
-    Lent(Lent),
-    /// A write the device already did from the connection's read buffer
-    /// (`BlockDevice::write_now`), and how it ended.
-    Written(io::Result<()>),
-}
-
 /// Serves one checked request and sends its reply. `data` is None for commands without data.
 pub(crate) async fn run<W: AsyncWrite + Unpin>(
     sh: &Shared<W>,
     dev: &dyn BlockDevice,
     req: Request,
-    data: Option<Payload>,
+    data: Option<IoBuf>,
 ) {
     for c in counters(sh) {
         Counters::add(&c.ops, 1);
@@ -155,12 +145,7 @@ pub(crate) async fn run<W: AsyncWrite + Unpin>(
         (CMD_READ, Some(data)) => read(sh, dev, req, data).await,
         (CMD_BLOCK_STATUS, _) => block_status(sh, dev, req).await,
         (kind, data) => {
-            let res = match data {
-                Some(Payload::Written(r)) => r.map_err(Refusal::from),
-                Some(Payload::Buf(b)) => change(dev, &req, Some(b)).await,
-                // Lent only for reads.
-                Some(Payload::Lent(_)) | None => change(dev, &req, None).await,
-            };
+            let res = change(dev, &req, data).await;
             match res {
                 Ok(()) => {
                     done(sh, kind, req.len as u64);
@@ -255,32 +240,19 @@ async fn change(dev: &dyn BlockDevice, req: &Request, buf: Option<IoBuf>) -> Res
     Ok(())
 }
 
-/// A read: sent behind its header from the device's own bytes where it lent them (drive files
-/// in memory: no copy but the kernel's into the socket), else from the pool buffer the device
-/// fills.
+/// A read: sent behind its header from the pool buffer the device fills.
 async fn read<W: AsyncWrite + Unpin>(
     sh: &Shared<W>,
     dev: &dyn BlockDevice,
     req: Request,
-    data: Payload,
+    buf: IoBuf,
 ) {
     let (off, len) = (req.offset, req.len);
-    let data = match data {
-        Payload::Lent(lent) => lent,
-        // Only writes are done from the read buffer; a read is always given a buffer or lent.
-        Payload::Written(_) => {
-            let e = io::Error::other("the read was given no buffer to read into");
-            return fail(sh, &req, "read", e).await;
-        }
-        Payload::Buf(buf) => {
-            let (res, buf) = dev.read_async(off, buf).await;
-            if let Err(e) = res {
-                drop(buf);
-                return fail(sh, &req, "read", e).await;
-            }
-            Lent::from_buf([buf])
-        }
-    };
+    let (res, data) = dev.read_async(off, buf).await;
+    if let Err(e) = res {
+        drop(data);
+        return fail(sh, &req, "read", e).await;
+    }
     for c in counters(sh) {
         Counters::add(&c.reads, 1);
         Counters::add(&c.bytes_read, len as u64);
@@ -304,29 +276,7 @@ async fn read<W: AsyncWrite + Unpin>(
         head[STRUCTURED_HEADER_LEN..].copy_from_slice(&off.to_be_bytes());
         &head[..]
     };
-    let parts: smallvec::SmallVec<[&[u8]; 4]> = data.iter().map(|b| &b[..]).collect();
-    let sent = send_lent(sh, head, &parts, &data).await;
-    drop(parts);
-    if sent.is_ok() || *sh.broken.borrow() || data.iter().all(IoBuf::lent_intact) {
-        return;
-    }
-    // A copy of lent bytes met a drive file that shrank under them and holds zeroes where the
-    // file lost its pages. The reply was not queued: read again, by pread now, which fails the
-    // drive so that the pool serves the range from the others (or reports the error). Into a
-    // buffer of its own: this happens once for a drive that shrank, and the pool buffer the
-    // request would have had was never taken.
-    drop(data);
-    warn!(
-        export = %sh.entry.export.name,
-        "NBD: a drive file shrank under a read of {len} bytes at {off}; reading it again"
-    );
-    let (res, buf) = dev.read_async(off, IoBuf::standalone(len as usize)).await;
-    match res {
-        Ok(()) => {
-            let _ = send_parts(sh, head, &[&buf[..]]).await;
-        }
-        Err(e) => fail(sh, &req, "read", e).await,
-    }
+    let _ = send(sh, head, &data).await;
 }
 
 /// Answers NBD_CMD_BLOCK_STATUS for `base:allocation` from the device's allocation map (in
@@ -387,20 +337,6 @@ async fn send_parts<W: AsyncWrite + Unpin>(
     head: &[u8],
     data: &[&[u8]],
 ) -> io::Result<()> {
-    send_lent(sh, head, data, &[]).await
-}
-
-/// `send_parts` of a read's data, which lies in `lent` (a read lent by the device piece by
-/// piece, or its pool buffer). Where lent bytes turn out not to be the drive's (its file
-/// shrank under them, see `IoBuf::lent_intact`), a batched copy is taken back out and an error
-/// returned; a send the kernel could not read them for (EFAULT) takes that drive's mapping out
-/// of use (`millrace_io::lent_send_failed`).
-async fn send_lent<W: AsyncWrite + Unpin>(
-    sh: &Shared<W>,
-    head: &[u8],
-    data: &[&[u8]],
-    lent: &[IoBuf],
-) -> io::Result<()> {
     let closing = || io::Error::new(io::ErrorKind::BrokenPipe, "the connection is closing");
     if *sh.broken.borrow() {
         return Err(closing());
@@ -408,16 +344,9 @@ async fn send_lent<W: AsyncWrite + Unpin>(
     let total = head.len() + data.iter().map(|d| d.len()).sum::<usize>();
     if sh.corked.get() && total <= BATCH_REPLY_MAX {
         let mut b = sh.batch.borrow_mut();
-        let start = b.len();
         b.extend_from_slice(head);
         for d in data {
             b.extend_from_slice(d);
-        }
-        if !lent.iter().all(IoBuf::lent_intact) {
-            b.truncate(start);
-            return Err(io::Error::other(
-                "a drive file shrank under the bytes it lent",
-            ));
         }
         return Ok(());
     }
@@ -425,16 +354,7 @@ async fn send_lent<W: AsyncWrite + Unpin>(
     if *sh.broken.borrow() {
         return Err(closing());
     }
-    let r = write_timed(sh, &mut *w, head, data).await;
-    if let Err(e) = &r {
-        if millrace_io::lent_send_failed(e, lent) > 0 {
-            warn!(
-                export = %sh.entry.export.name,
-                "NBD: a drive file shrank under a read being sent; its drive's reads go by pread from now on"
-            );
-        }
-    }
-    r
+    write_timed(sh, &mut *w, head, data).await
 }
 
 /// Sends the batched replies, if any (see `Shared::batch`).

@@ -146,15 +146,14 @@ async fn unix_round_trip_with_structured_replies() {
     assert_eq!(c.read(0, 10).await.unwrap().len(), 10);
 }
 
-/// Reads a device lends in pieces (more than one vectored write takes, for the 3 MiB read)
-/// arrive whole and in order, in simple replies over TCP and structured ones over a Unix socket.
+/// Reads (a 3 MiB one among them) arrive whole and in order, in simple replies over TCP and
+/// structured ones over a Unix socket.
 #[tokio::test]
-async fn lent_reads_in_pieces_arrive_whole_in_simple_and_structured_replies() {
+async fn reads_arrive_whole_in_simple_and_structured_replies() {
     let dir = tempfile::tempdir().unwrap();
     for structured in [false, true] {
         let server = NbdServer::new();
         let dev = TestDev::new(8 * MIB);
-        dev.lend_piece.store(3000, Ordering::SeqCst);
         server
             .add_export(export("vol", dev.clone(), &["127.0.0.1/32"]))
             .unwrap();
@@ -166,53 +165,7 @@ async fn lent_reads_in_pieces_arrive_whole_in_simple_and_structured_replies() {
             let s = TcpStream::connect(tcp_server(&server).await).await.unwrap();
             round_trips(Client::go(s, "vol", false).await.unwrap(), &dev).await;
         }
-        let lends = dev.lends.load(Ordering::SeqCst);
-        assert!(lends >= 8, "the reads were lent ({lends})");
     }
-}
-
-/// Writes whose payload came whole with their header are offered to the device from the read
-/// buffer (`BlockDevice::write_now`); those it takes, those it declines (longer ones here) and
-/// FUA ones (never offered) all read back, and an error it reports reaches the client.
-#[tokio::test]
-async fn writes_offered_from_the_read_buffer_read_back_and_report_errors() {
-    let server = NbdServer::new();
-    let dev = TestDev::new(8 * MIB);
-    dev.take_now.store(8192, Ordering::SeqCst);
-    server
-        .add_export(export("vol", dev.clone(), &["127.0.0.1/32"]))
-        .unwrap();
-    let addr = tcp_server(&server).await;
-    let mut c = Client::go(TcpStream::connect(addr).await.unwrap(), "vol", false)
-        .await
-        .unwrap();
-    for (i, len) in [4096usize, 512, 8192, 65536, 4096].into_iter().enumerate() {
-        let off = i as u64 * 100_000;
-        let data = pattern(i as u64 + 40, len);
-        let flags = if i == 4 { CMD_FLAG_FUA } else { 0 };
-        assert_eq!(c.write(off, &data, flags).await.unwrap(), 0);
-        assert_eq!(c.read(off, len as u32).await.unwrap(), data, "write {i}");
-    }
-    let taken = dev.taken.load(Ordering::SeqCst);
-    assert!(
-        (1..=3).contains(&taken),
-        "the short writes not FUA were taken from the read buffer ({taken})"
-    );
-    assert_ne!(
-        c.write(dev.fail_now_at, &pattern(9, 4096), 0)
-            .await
-            .unwrap(),
-        0,
-        "the device's error reaches the client"
-    );
-    assert_eq!(c.write(4096, &pattern(10, 4096), 0).await.unwrap(), 0);
-    assert_eq!(c.read(4096, 4096).await.unwrap(), pattern(10, 4096));
-    let st = server.stats();
-    assert_eq!(
-        st.writes, 6,
-        "writes counted once each, the failed one not: {st:?}"
-    );
-    c.disconnect().await.unwrap();
 }
 
 #[tokio::test]

@@ -72,15 +72,10 @@ impl SessionCommands {
                             }
                             Outcome::Complete { status, result: 0 }
                         }
-                        // One pool buffer: an RDMA queue never takes lent bytes (RDMA WRITE
-                        // reaches only registered memory; see `Session::with_lent_reads`).
-                        IoDone::Read { mut data, held } => match (data.pop(), data.is_empty()) {
-                            (Some(data), true) => Outcome::Data {
-                                result: 0,
-                                data,
-                                held,
-                            },
-                            _ => Outcome::err(Status::INTERNAL_ERROR),
+                        IoDone::Read { data, held } => Outcome::Data {
+                            result: 0,
+                            data,
+                            held,
                         },
                     }
                 }))

@@ -5,7 +5,7 @@
 use crate::cmd::Cqe;
 use crate::pdu::{self, DataHdr, Head};
 use millrace_io::share::Held;
-use millrace_io::{IoBuf, Lent};
+use millrace_io::IoBuf;
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
 
@@ -74,14 +74,13 @@ impl Gather {
         }
     }
 
-    /// C2HData PDUs carrying `data` (headers and digests here, the data itself by reference,
-    /// a PDU's data over as many of the pieces as it spans), then the response capsule.
-    pub(crate) fn push_data(&mut self, cqe: &Cqe, data: Lent, f: &Fmt) {
-        let len: usize = data.iter().map(|b| b.len()).sum();
-        // Where the next PDU's data starts: a buffer of the batch and an offset in it.
-        let (mut seg, mut at) = (self.bufs.len(), 0);
+    /// C2HData PDUs carrying `data` (headers and digests here, the data itself by reference),
+    /// then the response capsule.
+    pub(crate) fn push_data(&mut self, cqe: &Cqe, data: IoBuf, f: &Fmt) {
+        let len = data.len();
+        let seg = self.bufs.len();
         self.data += len;
-        self.bufs.extend(data);
+        self.bufs.push(data);
         let mut off = 0;
         while off < len {
             let n = (len - off).min(MAX_C2H_PDU);
@@ -103,21 +102,9 @@ impl Gather {
                 f.align,
             );
             self.queued_from(start);
-            let (mut left, mut crc) = (n, 0u32);
-            while left > 0 {
-                let avail = self.bufs[seg].len() - at;
-                if avail == 0 {
-                    (seg, at) = (seg + 1, 0);
-                    continue;
-                }
-                let k = avail.min(left);
-                if f.ddgst {
-                    crc = crc32c::crc32c_append(crc, &self.bufs[seg][at..at + k]);
-                }
-                self.parts.push(Part::Buf(seg, at, at + k));
-                (at, left) = (at + k, left - k);
-            }
+            self.parts.push(Part::Buf(seg, off, off + n));
             if f.ddgst {
+                let crc = crc32c::crc32c(&self.bufs[seg][off..off + n]);
                 self.push_bytes(&crc.to_le_bytes());
             }
             off += n;
@@ -139,17 +126,7 @@ impl Gather {
                 iov[k] = std::io::IoSlice::new(if k == 0 { &s[skip..] } else { s });
                 n += 1;
             }
-            let mut wrote = match w.write_vectored(&iov[..n]).await {
-                Ok(n) => n,
-                Err(e) => {
-                    if millrace_io::lent_send_failed(&e, &self.bufs) > 0 {
-                        tracing::warn!(
-                            "NVMe/TCP: a drive file shrank under a read being sent; its drive's reads go by pread from now on"
-                        );
-                    }
-                    return Err(e);
-                }
-            };
+            let mut wrote = w.write_vectored(&iov[..n]).await?;
             if wrote == 0 {
                 return Err(std::io::ErrorKind::WriteZero.into());
             }
@@ -202,24 +179,6 @@ mod tests {
             .collect()
     }
 
-    /// `data` as a device may lend it: in one piece, or in up to three of uneven lengths (one
-    /// may be empty), so that PDUs and their digests span pieces.
-    fn pieces(data: &[u8], cid: u16) -> Lent {
-        let cuts = match cid % 3 {
-            0 => vec![],
-            1 => vec![data.len() / 3],
-            _ => vec![0, data.len() / 2 + 5],
-        };
-        let mut out = Lent::new();
-        let mut from = 0;
-        for c in cuts.into_iter().chain([data.len()]) {
-            let c = c.min(data.len());
-            out.push(IoBuf::from_slice(&data[from..c]));
-            from = c;
-        }
-        out
-    }
-
     /// More replies than one vectored write passes, and more bytes than the socket takes at
     /// once: every reply arrives whole and in order, its data and digests intact.
     #[tokio::test]
@@ -240,7 +199,7 @@ mod tests {
             let mut sent_at = Vec::new();
             for cid in 0..n {
                 let cqe = Cqe::new(cid, Status::SUCCESS, 0);
-                g.push_data(&cqe, pieces(&pattern(cid, size(cid)), cid), &f);
+                g.push_data(&cqe, IoBuf::from_slice(&pattern(cid, size(cid))), &f);
                 g.push_head(&Head::Resp(cqe), &f);
                 if g.is_big() {
                     sent_at.push(cid);
@@ -302,7 +261,7 @@ mod tests {
         for cid in 0..(DATA_MAX / each) as u16 {
             assert!(!g.is_big(), "{cid} reads of 2 MiB");
             let cqe = Cqe::new(cid, Status::SUCCESS, 0);
-            g.push_data(&cqe, pieces(&vec![0; each], 0), &f);
+            g.push_data(&cqe, IoBuf::from_slice(&vec![0; each]), &f);
             g.push_head(&Head::Resp(cqe), &f);
         }
         assert!(g.parts.len() < IOV_MAX && g.bytes.len() < 64 * 1024);

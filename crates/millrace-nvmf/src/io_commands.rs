@@ -11,7 +11,7 @@ use crate::cmd::{self, io, Sqe, Status};
 use crate::model::{Ns, Subsystem};
 use millrace_block::BlockDevice;
 use millrace_io::share::{Held, Share};
-use millrace_io::{BufPool, IoBuf, Lent};
+use millrace_io::{BufPool, IoBuf};
 use std::io::Result as IoResult;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -20,10 +20,9 @@ use std::sync::Arc;
 pub enum IoDone {
     Status(Status),
     /// Success with data for the host: in a buffer of the pool, with the bytes of the host's
-    /// share it holds (keep them until the buffer is dropped); or in the device's own bytes,
-    /// lent piece by piece (`BlockDevice::lend`), holding no share.
+    /// share it holds (keep them until the buffer is dropped).
     Read {
-        data: Lent,
+        data: IoBuf,
         held: Option<Held>,
     },
 }
@@ -36,8 +35,6 @@ pub(crate) struct IoQueue {
     pub pool: BufPool,
     /// The host's share of the pool, which its data buffers count against.
     pub share: Share,
-    /// Reads are answered from the device's own bytes where it lends them (see `read`).
-    pub lend: bool,
 }
 
 /// One admitted I/O command, ready to run in a task of its own.
@@ -99,21 +96,6 @@ fn written(q: &IoQueue, off: u64, len: u64, r: IoResult<()>) -> Status {
     io_ctr.write_commands.fetch_add(1, Ordering::Relaxed);
     io_ctr.bytes_written.fetch_add(len, Ordering::Relaxed);
     Status::SUCCESS
-}
-
-/// A Write (not FUA) done from the transport's own bytes where the device does it here and now
-/// (`BlockDevice::write_now`, which never waits, so any thread may call it): its status. None
-/// wherever `IoCommand::write` would refuse it (it refuses it then) or the device cannot.
-pub(crate) fn write_now(q: &IoQueue, ns: &Ns, s: &Sqe, data: &[u8]) -> Option<Status> {
-    if fua(s) {
-        return None;
-    }
-    let (off, len) = cmd::lba_range(s.slba(), s.nlb() as u64, ns.blocks, ns.lba_shift).ok()?;
-    if len != data.len() as u64 {
-        return None;
-    }
-    let r = ns.dev.write_now(off, data)?;
-    Some(written(q, off, len, r))
 }
 
 /// The calls that move no data.
@@ -215,16 +197,6 @@ impl IoCommand {
         if len as usize != self.c2h_len {
             return Err(Status::DATA_SGL_LENGTH_INVALID);
         }
-        // Bytes the device holds in memory (a member file in RAM) go out from there: no pool
-        // buffer, no share and no copy; the kernel's copy into the socket is the only one.
-        if self.q.lend {
-            if let Some(data) = self.ns.dev.lend(off, len as usize) {
-                self.count_read(len);
-                let io_ctr = &self.q.subsys.io;
-                io_ctr.lent_reads.fetch_add(1, Ordering::Relaxed);
-                return Ok(IoDone::Read { data, held: None });
-            }
-        }
         let held = Some(self.q.share.take(len as usize).await);
         let buf = self.q.pool.get(len as usize).await.map_err(|e| {
             tracing::warn!("no buffer for a read of {len} bytes: {e}");
@@ -236,10 +208,7 @@ impl IoCommand {
             status_of(&e, true)
         })?;
         self.count_read(len);
-        Ok(IoDone::Read {
-            data: Lent::from_buf([buf]),
-            held,
-        })
+        Ok(IoDone::Read { data: buf, held })
     }
 
     fn count_read(&self, len: u64) {

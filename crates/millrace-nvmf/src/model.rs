@@ -192,8 +192,6 @@ pub struct Stats {
     pub write_commands: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
-    /// Reads answered from the device's own bytes in memory (`BlockDevice::lend`), no copy.
-    pub lent_reads: u64,
     pub errors: u64,
     pub protocol_errors: u64,
     /// Connections closed because a handshake or a PDU did not arrive in time.
@@ -226,7 +224,6 @@ pub(crate) struct IoCounters {
     pub write_commands: AtomicU64,
     pub bytes_read: AtomicU64,
     pub bytes_written: AtomicU64,
-    pub lent_reads: AtomicU64,
 }
 
 /// A namespace with its derived geometry.

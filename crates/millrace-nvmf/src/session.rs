@@ -65,8 +65,6 @@ pub struct Session {
     discovery_only: bool,
     completer: Option<Completer>,
     pool: BufPool,
-    /// Reads may be answered from a device's own bytes (`BlockDevice::lend`).
-    lend: bool,
     q: Option<Bound>,
 }
 
@@ -90,7 +88,6 @@ impl Session {
             discovery_only,
             completer: None,
             pool,
-            lend: false,
             q: None,
         }
     }
@@ -100,15 +97,6 @@ impl Session {
     pub fn with_transport(mut self, transport: TransportInfo, pool: BufPool) -> Session {
         self.transport = transport;
         self.pool = pool;
-        self
-    }
-
-    /// Whether reads may be answered from a device's own bytes where it lends them
-    /// (`BlockDevice::lend`) instead of a pool buffer: a transport that sends them with the
-    /// kernel's copy and no digest over them (a digest computed before the send could then
-    /// disagree with bytes a write changed meanwhile).
-    pub fn with_lent_reads(mut self, on: bool) -> Session {
-        self.lend = on;
         self
     }
 
@@ -276,21 +264,6 @@ impl Session {
         })
     }
 
-    /// A Write (not FUA) on an I/O queue whose data lies in the transport's receive buffer,
-    /// done here and now where its namespace's device can (`BlockDevice::write_now`): its
-    /// status. None: run it with `command` as usual, which also refuses what is wrong with it.
-    pub fn write_now(&self, sqe: &Sqe, data: &[u8]) -> Option<Status> {
-        if sqe.is_fabrics() || sqe.opcode() != io::WRITE {
-            return None;
-        }
-        let q = self.q.as_ref().filter(|q| q.qid != 0)?;
-        if !q.ctrl.enabled.load(Ordering::Relaxed) {
-            return None;
-        }
-        let ns = q.ctrl.subsys.ns(sqe.nsid())?;
-        crate::io_commands::write_now(&q.io, &ns, sqe, data)
-    }
-
     fn fabrics(&mut self, sqe: &Sqe, data: Option<&[u8]>) -> Action {
         match sqe.fctype() {
             fctype::CONNECT => {
@@ -320,7 +293,6 @@ impl Session {
             subsys: ctrl.subsys.clone(),
             pool: self.pool.clone(),
             share: self.t.host_share(&ctrl.hostnqn),
-            lend: self.lend,
         });
         self.q = Some(Bound {
             ctrl,

@@ -383,7 +383,6 @@ impl Target {
             s.write_commands += r(&sub.io.write_commands);
             s.bytes_read += r(&sub.io.bytes_read);
             s.bytes_written += r(&sub.io.bytes_written);
-            s.lent_reads += r(&sub.io.lent_reads);
         }
         s
     }

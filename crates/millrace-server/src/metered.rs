@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use millrace_block::{BlockDevice, BufResult, Extent, IoBuf, IoFuture, Lent};
+use millrace_block::{BlockDevice, BufResult, Extent, IoBuf, IoFuture};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -79,22 +79,6 @@ impl Drop for Pass<'_> {
     }
 }
 
-/// A request inside the gate for as long as the buffer it lent is out (`BlockDevice::lend`):
-/// the reply is sent from the volume's own bytes, so the request has not left until then.
-struct LentPass {
-    gate: Arc<Gate>,
-    inflight: Gauge,
-}
-
-impl Drop for LentPass {
-    fn drop(&mut self) {
-        drop(Pass {
-            gate: &self.gate,
-            inflight: &self.inflight,
-        });
-    }
-}
-
 impl Gate {
     fn watch(&self, inflight: &Gauge) {
         let mut c = self.counts.lock();
@@ -148,15 +132,15 @@ fn stopping() -> io::Error {
 }
 
 /// Longest a volume's deletion (or its pool's destruction) waits for the exports' requests
-/// still inside it: a client that does not take its replies is closed within 30 s (the NVMe/TCP
-/// reply timeout, NBD's payload timeout), and its requests end with it.
+/// still inside it. A request leaves when its member I/O completes (replies are sent from the
+/// request's own buffer, never from the volume's bytes), so only a drive that stops answering
+/// keeps one inside this long.
 const OUT_BOUND: Duration = Duration::from_secs(40);
 
 impl Meters {
     /// Waits until no request of an export is inside any of `volumes` of `pool`, at most
-    /// `OUT_BOUND`; the requests still inside, if any are. A read sent from a member's own pages
-    /// (`BlockDevice::lend`) is inside until it is sent: the space of a deleted volume or a
-    /// destroyed pool goes to other data, which such a reply would carry if it went later.
+    /// `OUT_BOUND`; the requests still inside, if any are: the space of a deleted volume or a
+    /// destroyed pool goes to other data, which a write still in flight would overwrite.
     pub fn wait_out(&self, pool: &str, volumes: &[String]) -> Option<i64> {
         let t0 = Instant::now();
         loop {
@@ -326,31 +310,6 @@ impl BlockDevice for Metered {
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         self.time(Op::WriteZeroes, 0, || self.dev.write_zeroes(offset, len))
     }
-    fn lend(&self, offset: u64, len: usize) -> Option<Lent> {
-        let pass = self.gate.enter(&self.inflight)?;
-        let t0 = Instant::now();
-        // Not lent: the read that follows is timed and counted on its own.
-        let mut lent = self.dev.lend(offset, len)?;
-        let last = lent.pop()?;
-        self.record(Op::Read, t0, true, len as u64);
-        std::mem::forget(pass);
-        // The pieces are sent in order and given back together; the last one holds the pass.
-        lent.push(last.keeping(LentPass {
-            gate: self.gate.clone(),
-            inflight: self.inflight.clone(),
-        }));
-        Some(lent)
-    }
-    fn write_now(&self, offset: u64, data: &[u8]) -> Option<io::Result<()>> {
-        let Some(_pass) = self.gate.enter(&self.inflight) else {
-            return Some(Err(stopping()));
-        };
-        let t0 = Instant::now();
-        // Not done: the `write_async` that follows is timed and counted on its own.
-        let r = self.dev.write_now(offset, data)?;
-        self.record(Op::Write, t0, r.is_ok(), data.len() as u64);
-        Some(r)
-    }
     fn read_async(&self, offset: u64, buf: IoBuf) -> IoFuture<'_, BufResult> {
         let Some(pass) = self.gate.enter(&self.inflight) else {
             return Box::pin(async move { (Err(stopping()), buf) });
@@ -393,77 +352,6 @@ impl BlockDevice for Metered {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Lends every range from bytes of its own, in two pieces.
-    struct Lender(Box<[u8]>);
-
-    impl BlockDevice for Lender {
-        fn size_bytes(&self) -> u64 {
-            self.0.len() as u64
-        }
-        fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-            let o = offset as usize;
-            buf.copy_from_slice(&self.0[o..o + buf.len()]);
-            Ok(())
-        }
-        fn write_at(&self, _offset: u64, _data: &[u8]) -> io::Result<()> {
-            Err(io::Error::other("read-only"))
-        }
-        fn flush(&self) -> io::Result<()> {
-            Ok(())
-        }
-        fn lend(&self, offset: u64, len: usize) -> Option<Lent> {
-            let at = |o: usize| std::ptr::NonNull::new(self.0[o..].as_ptr().cast_mut());
-            let (o, half) = (offset as usize, len / 2);
-            // SAFETY: the device outlives the pieces in this test; `Box::new(())` keeps nothing.
-            let piece =
-                |o: usize, n: usize| unsafe { IoBuf::lent(at(o).unwrap(), n, Box::new(())) };
-            Some(
-                [piece(o, half), piece(o + half, len - half)]
-                    .into_iter()
-                    .collect(),
-            )
-        }
-    }
-
-    /// A lent read stays inside its volume (its gauge, the gate) until its last piece is
-    /// dropped, and a volume's deletion waits for that.
-    #[test]
-    fn a_lent_read_counts_inside_its_volume_until_its_pieces_are_dropped() {
-        let m = Meters::default();
-        let data: Box<[u8]> = (0..8192).map(|i| i as u8).collect();
-        let dev = m.wrap("p", "v", Arc::new(Lender(data.clone())));
-        let lent = dev.lend(4096, 4096).expect("lent");
-        let joined: Vec<u8> = lent.iter().flat_map(|b| b.iter().copied()).collect();
-        assert_eq!(joined, &data[4096..]);
-        let gauge = |m: &Meters| {
-            let l = VolLabels {
-                pool: "p".into(),
-                volume: "v".into(),
-            };
-            m.inflight.get(&l).map(|g| g.get())
-        };
-        assert_eq!(gauge(&m), Some(1), "inside while its pieces are out");
-        assert!(
-            m.wait_out("p", &["w".into()]).is_none(),
-            "another volume waits for nothing"
-        );
-        let t0 = Instant::now();
-        let sender = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(200));
-            drop(lent);
-        });
-        assert!(m.wait_out("p", &["v".into()]).is_none());
-        assert!(
-            t0.elapsed() >= Duration::from_millis(150),
-            "it waited for the send"
-        );
-        assert_eq!(gauge(&m), Some(0));
-        sender.join().unwrap();
-        m.gate.close();
-        assert!(dev.lend(0, 4096).is_none(), "a closed gate lends nothing");
-        assert_eq!(gauge(&m), Some(0));
-    }
 
     #[tokio::test]
     async fn a_closed_gate_drains_the_requests_of_every_volume_and_lets_none_in() {

@@ -67,7 +67,6 @@ struct PoolFamilies {
     wb: Family<PoolL, Counter>,
     ro: Family<PoolL, Counter>,
     wo: Family<PoolL, Counter>,
-    bw: Family<PoolL, Counter>,
     dr: Family<PoolL, Counter>,
     me: Family<PoolL, Counter>,
     size: Family<PoolL, Gauge>,
@@ -98,11 +97,6 @@ impl PoolFamilies {
                 r,
                 "millrace_pool_write_ops",
                 "Write requests served by the pool",
-            ),
-            bw: family(
-                r,
-                "millrace_pool_borrowed_writes",
-                "Write requests copied to the members straight from the export's receive buffer",
             ),
             dr: family(
                 r,
@@ -176,9 +170,6 @@ impl PoolFamilies {
             .inc_by(s.write_bytes.load(Relaxed));
         self.ro.get_or_create(&l).inc_by(s.read_ops.load(Relaxed));
         self.wo.get_or_create(&l).inc_by(s.write_ops.load(Relaxed));
-        self.bw
-            .get_or_create(&l)
-            .inc_by(s.borrowed_writes.load(Relaxed));
         self.dr
             .get_or_create(&l)
             .inc_by(s.degraded_reads.load(Relaxed));
@@ -319,13 +310,6 @@ fn register_exports(reg: &mut Registry, state: &State) {
         refused.get_or_create(&l).inc_by(refused_n);
     }
     register_nvme_rdma(reg, state, &conns, &opened, &refused);
-    let lent: Counter = Counter::default();
-    lent.inc_by(n.lent_reads);
-    reg.register(
-        "millrace_nvme_reads_lent",
-        "NVMe reads sent straight from a member's pages in memory, with no copy into a buffer",
-        lent,
-    );
 }
 
 /// NVMe/RDMA: queues (RDMA connections) of every listener; refusals, by the transport and by
@@ -422,6 +406,47 @@ fn register_data_path(reg: &mut Registry, state: &State) {
     ] {
         reg.register(name, help, k);
     }
+    register_rings(reg, dp);
+}
+
+/// The cores' io_uring: member operations, submissions (system calls) and completion rounds,
+/// and io_uring's worker threads alive now (entries the kernel could not issue inline).
+fn register_rings(reg: &mut Registry, dp: &crate::datapath::DataPath) {
+    let (mut entries, mut submits, mut reaps) = (0, 0, 0);
+    for i in 0..dp.cores.len() {
+        let st = dp.cores.ring_stats(i);
+        entries += st.entries.load(Relaxed);
+        submits += st.submits.load(Relaxed);
+        reaps += st.reaps.load(Relaxed);
+    }
+    for (name, help, v) in [
+        (
+            "millrace_ring_entries",
+            "Member operations the cores queued on their io_uring",
+            entries,
+        ),
+        (
+            "millrace_ring_submits",
+            "io_uring_enter calls that submitted them (one per scheduler round that had any)",
+            submits,
+        ),
+        (
+            "millrace_ring_reaps",
+            "Rounds in which the cores reaped completions",
+            reaps,
+        ),
+    ] {
+        let k = Counter::<u64>::default();
+        k.inc_by(v);
+        reg.register(name, help, k);
+    }
+    let w = Gauge::<i64>::default();
+    w.set(millrace_io::io_wq_workers() as i64);
+    reg.register(
+        "millrace_io_wq_workers",
+        "io_uring worker threads alive now: entries the kernel could not issue without blocking were handed to them (none expected on O_DIRECT block devices)",
+        w,
+    );
 }
 
 pub fn render(state: &State) -> String {

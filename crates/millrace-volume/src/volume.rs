@@ -142,24 +142,6 @@ impl BlockDevice for Volume {
         let at = self.check(offset, len)?;
         self.deallocate(at, len)
     }
-    fn lend(&self, offset: u64, len: usize) -> Option<millrace_block::Lent> {
-        let at = self.check(offset, len as u64).ok()?;
-        match self.holes(at, len as u64) {
-            Holes::None => self.dev.lend(at, len),
-            _ => None,
-        }
-    }
-    fn write_now(&self, offset: u64, data: &[u8]) -> Option<io::Result<()>> {
-        let at = match self.check(offset, data.len() as u64) {
-            Ok(at) => at,
-            Err(e) => return Some(Err(e)),
-        };
-        // Noted first, as `write_async` does; noting again when it falls back to that is a no-op.
-        if let Some(m) = &self.map {
-            m.note_write(at, data.len() as u64);
-        }
-        self.dev.write_now(at, data)
-    }
     fn read_async(&self, offset: u64, buf: IoBuf) -> IoFuture<'_, BufResult> {
         let at = match self.check(offset, buf.len() as u64) {
             Ok(at) => at,

@@ -18,23 +18,18 @@
 //! own holds across an await.
 
 use std::io;
-use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use millrace_block::{BufResult, IoBuf, Lent};
+use millrace_block::{BufResult, IoBuf};
 use millrace_io::{Batch, SharedBuf};
 
 use super::layout::ReadFrom;
 use super::parity_ring::RingWrite;
-use super::ring::{Done, Drives, Sent, SentList};
+use super::ring::{Drives, Sent, SentList};
 use super::unlogged::Ticket;
 use super::write::sector_span;
 use super::{Array, Result};
-
-/// Pieces a lent range may have at most (a 1 MiB read over 16 KiB strips has 64): one slice
-/// each in the vectored send.
-const MAX_LENT_PIECES: usize = 64;
 
 impl Array {
     /// `read_at` over an owned buffer, completion-based where it can be.
@@ -62,47 +57,6 @@ impl Array {
         }
         let r = self.read_inline(offset, &mut buf).await;
         (r.map_err(Into::into), buf)
-    }
-
-    /// `BlockDevice::lend`: a healthy pool's range whose members hold it in memory, lent piece
-    /// by piece, each with its member (which keeps its mapping) for as long as its buffer
-    /// lives. The same conditions as a read on the ring, which takes no lock either.
-    pub(super) fn lend_read(&self, offset: u64, len: usize) -> Option<Lent> {
-        if len == 0 || self.check_range(offset, len as u64).is_err() {
-            return None;
-        }
-        let drives = self.ring_drives(offset, len)?;
-        let pieces = self.pieces(offset, len);
-        if pieces.len() > MAX_LENT_PIECES {
-            return None;
-        }
-        // Every piece first, so that a range lent in part is not counted.
-        let mut found = smallvec::SmallVec::<[(usize, NonNull<u8>, usize); 4]>::new();
-        let mut next = 0;
-        for p in &pieces {
-            let Ok(ReadFrom::Member(m)) = self.layout.read_from(self, p) else {
-                return None;
-            };
-            if p.at != next {
-                return None;
-            }
-            next += p.len;
-            let at = drives[m].lend(self.member_offset(p.row, p.s), p.len)?;
-            found.push((m, at, p.len));
-        }
-        self.stats.read_ops.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .read_bytes
-            .fetch_add(len as u64, Ordering::Relaxed);
-        let mut lent = Lent::with_capacity(found.len());
-        for (m, at, n) in found {
-            let ms = &self.member_stats[m];
-            ms.read_ops.fetch_add(1, Ordering::Relaxed);
-            ms.read_bytes.fetch_add(n as u64, Ordering::Relaxed);
-            // SAFETY: the drive maps these bytes for as long as it lives; the buffer keeps it.
-            lent.push(unsafe { IoBuf::lent(at, n, Box::new(drives[m].clone())) });
-        }
-        Some(lent)
     }
 
     /// Reads every piece straight into the buffer. Returns whether all went well.
@@ -189,9 +143,6 @@ impl Array {
             return (r, buf);
         };
         self.mark_intent(a0, a1);
-        if !self.geo.level.is_parity() && self.write_in_one_strip(&drives, offset, &buf) {
-            return (Ok(()), buf);
-        }
         let ticket = if self.geo.level.is_parity() {
             self.retire_log();
             let Some(t) = self.begin_unlogged() else {
@@ -203,18 +154,15 @@ impl Array {
         } else {
             None
         };
-        let (parity, placed) = if self.geo.level.is_parity() {
-            let (par, placed) = self.full_stripe_parity(&drives, offset, &buf);
-            (Some(par), placed)
-        } else {
-            (None, Done::default())
-        };
+        let parity = self
+            .geo
+            .level
+            .is_parity()
+            .then(|| self.full_stripe_parity(&buf));
         let sb = SharedBuf::new(buf);
         let r = self
             .write_on_ring(&drives, offset, &sb, parity.as_ref(), fua, ticket)
             .await;
-        // Parity written in place is accounted after the ticket has gone (see `write_on_ring`).
-        self.account(&drives, &placed.sent, placed.results);
         let r = match (r, self.offline_group()) {
             (Ok(()), Some(e)) => Err(e.into()),
             (r, _) => r,
@@ -224,64 +172,6 @@ impl Array {
             sb.try_unwrap()
                 .expect("every member operation has completed"),
         )
-    }
-
-    /// `BlockDevice::write_now`: a write within one strip of a level without parity, every
-    /// member online and in memory and its rows free, copied from the caller's bytes into its
-    /// members here and now (`write_in_one_strip`, as `write_owned` would copy it). None where
-    /// that would wait (a row locked, a failure not yet recorded) or not be done whole: then
-    /// `write_owned` writes it all.
-    pub(super) fn write_borrowed(&self, offset: u64, data: &[u8]) -> Option<io::Result<()>> {
-        if self.geo.level.is_parity() || !self.unlogged.is_recorded() {
-            return None;
-        }
-        let len = data.len();
-        if let Err(e) = self.check_range(offset, len as u64) {
-            return Some(Err(e.into()));
-        }
-        if len == 0 {
-            return Some(Ok(()));
-        }
-        let drives = self.ring_drives(offset, len)?;
-        let (a0, a1) = sector_span(offset, len);
-        let _g = self.locks.try_lock(self.row_shards(a0, a1 - a0))?;
-        self.mark_intent(a0, a1);
-        // Acknowledged only once every member failure so far is recorded, as `write_owned`.
-        if !self.write_in_one_strip(&drives, offset, data) || !self.unlogged.is_recorded() {
-            return None;
-        }
-        self.stats.wrote(len as u64);
-        self.stats.borrowed_writes.fetch_add(1, Ordering::Relaxed);
-        Some(Ok(()))
-    }
-
-    /// A write within one strip of a level without parity, its rows locked and marked, copied
-    /// into its members' files in memory here and now, as `write_on_ring` would in a batch.
-    /// False where it was not done whole (more than one strip, a member not in memory, a fault): `write_on_ring`
-    /// then writes it all again and accounts for what failed.
-    fn write_in_one_strip(&self, drives: &Drives, offset: u64, buf: &[u8]) -> bool {
-        let pieces = self.pieces(offset, buf.len());
-        let [p] = pieces.as_slice() else {
-            return false;
-        };
-        self.retire_log();
-        let loc = self.geo.locate(p.row, p.col);
-        let at = self.member_offset(p.row, p.s);
-        let copies = self.geo.group_members(loc.group);
-        for m in copies.clone() {
-            let fd = Self::member_fd(drives, m);
-            if millrace_io::write_inline(fd, at, &buf[p.at..p.at + p.len]) != Some(p.len) {
-                return false;
-            }
-        }
-        // Counted once all are in: a write redone by `write_on_ring` is counted there.
-        for m in copies {
-            self.member_stats[m].moved(true, p.len as u64);
-        }
-        self.stats
-            .full_stripe_writes
-            .fetch_add(1, Ordering::Relaxed);
-        self.offline_group().is_none()
     }
 
     /// A parity write of less than whole rows on this core's ring; Ok(false): a member failed.
@@ -344,27 +234,6 @@ impl Array {
         }
     }
 
-    /// Adds a parity write to `batch`. Under the write-intent bitmap (its row marked durable
-    /// before any write to it) a parity sector torn by a killed process is recomputed from the
-    /// data when the pool is imported again, so a member file in memory may take the write as
-    /// a copy into its mapping, which costs less than a pwrite (`Batch::write_repaired`). Data
-    /// strips always go whole or not at all.
-    pub(super) fn parity_write(
-        &self,
-        batch: &mut Batch,
-        fd: std::os::fd::RawFd,
-        at: u64,
-        buf: &SharedBuf,
-        range: std::ops::Range<usize>,
-        fua: bool,
-    ) {
-        if self.bitmap.is_some() {
-            batch.write_repaired(fd, at, buf, range, fua);
-        } else {
-            batch.write(fd, at, buf, range, fua);
-        }
-    }
-
     pub(super) fn mark_intent(&self, a0: u64, a1: u64) {
         if let Some(b) = &self.bitmap {
             let fs = self.geo.full_stripe_bytes();
@@ -424,53 +293,38 @@ impl Array {
         }
     }
 
-    /// P (and Q) of every group of every row of a whole-row write, computed from its data:
-    /// straight into the parity members' pages where it can be (`parity_ring::parity_places`),
-    /// else into a buffer whose writes `parity_writes` adds to the batch. Called with the
-    /// write's ticket held (`unlogged`), since writing in place is writing.
-    fn full_stripe_parity(
-        &self,
-        drives: &Drives,
-        offset: u64,
-        data: &[u8],
-    ) -> (StripeParity, Done) {
+    /// P (and Q) of every group of every row of a whole-row write, computed from its data into
+    /// a buffer from the core's pool slice, whose writes `parity_writes` adds to the batch.
+    fn full_stripe_parity(&self, data: &[u8]) -> StripeParity {
         let geo = &self.geo;
         let (strip, k, np) = (geo.strip as usize, geo.group_data(), geo.level.parity());
         let fs = geo.full_stripe_bytes() as usize;
         let rows = data.len() / fs;
-        // Taken at the first group whose parity cannot go in place: none where all can.
-        let mut par: Option<IoBuf> = None;
-        let mut placed = vec![false; rows * geo.groups()];
-        let mut done = Done::default();
+        let mut par = millrace_io::scratch(rows * geo.groups() * np * strip);
         for r in 0..rows {
-            let row = offset / fs as u64 + r as u64;
             for g in 0..geo.groups() {
                 let at = r * fs + g * k * strip;
                 let srcs: Vec<&[u8]> = (0..k)
                     .map(|i| &data[at + i * strip..at + (i + 1) * strip])
                     .collect();
-                let layout = geo.group_layout(row, g);
-                if let Some(places) = self.parity_places(drives, row, &layout[k..]) {
-                    super::parity_ring::gen_in_place(&srcs, places, &layout[k..], &mut done);
-                    placed[r * geo.groups() + g] = true;
-                    continue;
-                }
                 let out = (r * geo.groups() + g) * np * strip;
-                let par = par
-                    .get_or_insert_with(|| millrace_io::scratch(rows * geo.groups() * np * strip));
                 let (p, q) = par[out..out + np * strip].split_at_mut(strip);
+                // Streamed past the caches: the parity goes to the drives by DMA (O_DIRECT)
+                // and nothing here reads it again.
                 if np == 2 {
-                    millrace_parity::gen_pq(&srcs, p, q);
+                    millrace_parity::gen_pq_streamed(&srcs, p, q);
                 } else {
-                    millrace_parity::gen_p(&srcs, p);
+                    millrace_parity::gen_p_streamed(&srcs, p);
                 }
             }
         }
         self.stats
             .full_stripe_writes
             .fetch_add((rows * geo.groups()) as u64, Ordering::Relaxed);
-        let buf = par.map(SharedBuf::new);
-        (StripeParity { buf, placed }, done)
+        StripeParity {
+            buf: SharedBuf::new(par),
+            rows,
+        }
     }
 
     /// Adds the writes of `par` (from `full_stripe_parity`) to the batch.
@@ -486,26 +340,15 @@ impl Array {
         let geo = &self.geo;
         let (strip, k, np) = (geo.strip as usize, geo.group_data(), geo.level.parity());
         let fs = geo.full_stripe_bytes();
-        let Some(buf) = &par.buf else {
-            // Every group's parity went in place.
-            return;
-        };
-        let rows = par.placed.len() / geo.groups();
-        for r in 0..rows {
+        let buf = &par.buf;
+        for r in 0..par.rows {
             let row = offset / fs + r as u64;
             let at = self.member_offset(row, 0);
-            for g in (0..geo.groups()).filter(|g| !par.placed[r * geo.groups() + g]) {
+            for g in 0..geo.groups() {
                 let layout = geo.group_layout(row, g);
                 for (j, &m) in layout[k..].iter().enumerate() {
                     let out = ((r * geo.groups() + g) * np + j) * strip;
-                    self.parity_write(
-                        batch,
-                        Self::member_fd(drives, m),
-                        at,
-                        buf,
-                        out..out + strip,
-                        fua,
-                    );
+                    batch.write(Self::member_fd(drives, m), at, buf, out..out + strip, fua);
                     sent.push(Sent {
                         member: m,
                         len: strip,
@@ -517,11 +360,10 @@ impl Array {
     }
 }
 
-/// The parity of a whole-row write: the buffer of the groups whose parity goes from it (None
-/// where every group's went in place), and which (row, group) had theirs written in place.
+/// The parity of a whole-row write: every group's P (and Q) of its `rows` rows, in order.
 pub(super) struct StripeParity {
-    buf: Option<SharedBuf>,
-    placed: Vec<bool>,
+    buf: SharedBuf,
+    rows: usize,
 }
 
 #[cfg(test)]

@@ -99,24 +99,6 @@ impl RowLocks {
         }
     }
 
-    /// Takes `shards` if none is held, else none of them.
-    pub fn try_lock(&self, shards: Shards) -> Option<RowGuard<'_>> {
-        let mut g = RowGuard {
-            locks: self,
-            held: Shards::new(),
-        };
-        for &i in &shards {
-            let mut st = self.shards[i].state.lock();
-            if st.held {
-                return None;
-            }
-            st.held = true;
-            drop(st);
-            g.held.push(i);
-        }
-        Some(g)
-    }
-
     /// Takes `shards` (ascending) without blocking the thread. Dropping the future releases
     /// whatever it had taken.
     pub fn lock_async(&self, shards: Shards) -> LockFuture<'_> {

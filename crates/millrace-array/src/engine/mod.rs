@@ -63,8 +63,6 @@ pub struct Stats {
     pub read_bytes: AtomicU64,
     pub write_ops: AtomicU64,
     pub write_bytes: AtomicU64,
-    /// Writes done from the caller's own bytes, here and now (`BlockDevice::write_now`).
-    pub borrowed_writes: AtomicU64,
     pub full_stripe_writes: AtomicU64,
     pub rmw_writes: AtomicU64,
     pub rcw_writes: AtomicU64,
@@ -602,12 +600,6 @@ impl millrace_block::BlockDevice for Array {
     // Completion-based on a core's ring; the blocking engine inline elsewhere (completion.rs).
     fn read_async(&self, offset: u64, buf: IoBuf) -> IoFuture<'_, BufResult> {
         Box::pin(self.read_owned(offset, buf))
-    }
-    fn lend(&self, offset: u64, len: usize) -> Option<millrace_block::Lent> {
-        self.lend_read(offset, len)
-    }
-    fn write_now(&self, offset: u64, data: &[u8]) -> Option<io::Result<()>> {
-        self.write_borrowed(offset, data)
     }
     fn write_async(&self, offset: u64, buf: IoBuf, fua: bool) -> IoFuture<'_, BufResult> {
         Box::pin(self.write_owned(offset, buf, fua))

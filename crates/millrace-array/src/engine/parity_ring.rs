@@ -2,11 +2,10 @@
 //! in `parity_write`, their reads as one batch of the ring, parity computed when they complete,
 //! then data and parity as another batch straight from the requests' buffers.
 
-use millrace_io::mapped::Place;
 use millrace_io::{Batch, IoBuf, SharedBuf};
 
 use super::parity_write::{choose, compute, give_buffers, units, Plan, Unit};
-use super::ring::{Done, Drives, Sent, SentList};
+use super::ring::{Drives, Sent, SentList};
 use super::unlogged::Ticket;
 use super::{Array, Pieces, Result};
 
@@ -82,7 +81,6 @@ pub(super) async fn write_on_ring(
         .enumerate()
         .flat_map(|(i, ps)| ps.iter().map(move |p| (i, p)));
     let mut units = units(a, tagged);
-    let mut places = Vec::with_capacity(units.len());
     for u in units.iter_mut() {
         choose(a, u)?;
         if matches!(u.plan, Plan::Rebuild) {
@@ -90,11 +88,7 @@ pub(super) async fn write_on_ring(
             // log) handles degraded writes.
             return Ok(false);
         }
-        let placed = unit_places(a, drives, u);
-        if placed.is_none() {
-            give_buffers(a, u);
-        }
-        places.push(placed);
+        give_buffers(a, u);
     }
     let reads: Vec<(usize, u64, Slot)> = units
         .iter()
@@ -109,20 +103,18 @@ pub(super) async fn write_on_ring(
         // A member failed since planning: the blocking engine writes with the log.
         return Ok(false);
     };
-    let placed = {
+    {
         let views: Vec<&[u8]> = reqs
             .iter_mut()
             .map(|r| &r.buf.get_mut().expect("no operation holds the data")[..])
             .collect();
         compute(a, &mut units, &views);
-        // Into the members, now that the write holds its ticket (`unlogged`).
-        write_in_place(a, &units, places, &views)
-    };
+    }
     let k = a.geo.group_data();
     // Parity covers every request's data: durable at once if any of them asked for it.
     let parity_fua = reqs.iter().any(|r| r.fua);
     let mut writes = Vec::new();
-    for (ui, u) in units.iter().enumerate().filter(|(_, u)| !u.in_place) {
+    for (ui, u) in units.iter().enumerate() {
         let at = a.member_offset(u.row, u.lo);
         for i in k..u.layout.len() {
             writes.push((u.layout[i], at, Slot::Span(ui, i)));
@@ -150,7 +142,6 @@ pub(super) async fn write_on_ring(
         batch: extra,
         sent,
         ticket,
-        placed,
     });
     ring_batch(a, drives, &mut units, writes, extra, parity_fua).await;
     match a.offline_group() {
@@ -159,87 +150,11 @@ pub(super) async fn write_on_ring(
     }
 }
 
-/// The parity members' pages of a full-stripe unit, where parity can be computed straight into
-/// them (`Array::parity_places`); then the unit is marked `in_place`, and needs no buffers.
-/// None: its parity goes from buffers.
-fn unit_places(a: &Array, drives: &Drives, u: &mut Unit) -> Option<Vec<Place>> {
-    if !matches!(u.plan, Plan::Full) {
-        return None;
-    }
-    let k = a.geo.group_data();
-    let places = a.parity_places(drives, u.row, &u.layout[k..])?;
-    u.in_place = true;
-    Some(places)
-}
-
-/// Computes the parity of each `in_place` unit into its members' pages (`unit_places`): the
-/// operations done, with their results, for the batch's accounts.
-fn write_in_place(
-    a: &Array,
-    units: &[Unit],
-    places: Vec<Option<Vec<Place>>>,
-    data: &[&[u8]],
-) -> Done {
-    let np = a.geo.level.parity();
-    let k = a.geo.group_data();
-    let mut done = Done::default();
-    for (u, ps) in units.iter().zip(places) {
-        if let Some(ps) = ps {
-            gen_in_place(&u.full_data(data, np), ps, &u.layout[k..], &mut done);
-        }
-    }
-    done
-}
-
-/// P (and Q) of one group's data strips `srcs` into its parity `members`' pages `places`
-/// (`Array::parity_places`), streamed past the caches; each write's result goes to `done`.
-pub(super) fn gen_in_place(
-    srcs: &[&[u8]],
-    mut places: Vec<Place>,
-    members: &[usize],
-    done: &mut Done,
-) {
-    match &mut places[..] {
-        [p, q] => millrace_parity::gen_pq_streamed(srcs, p.bytes(), q.bytes()),
-        [p] => millrace_parity::gen_p_streamed(srcs, p.bytes()),
-        _ => unreachable!("a parity level has one or two parities"),
-    }
-    for (place, &member) in places.into_iter().zip(members) {
-        done.sent.push(Sent {
-            member,
-            len: place.len(),
-            write: true,
-        });
-        done.results.push(place.finish());
-    }
-}
-
-impl Array {
-    /// The pages of the strips of `row` on the parity `members`, to compute parity straight
-    /// into: a pool with a write-intent bitmap (parity torn by a kill is resynced, as for
-    /// `parity_write`) on member files in memory. None: parity goes from a buffer.
-    pub(super) fn parity_places(
-        &self,
-        drives: &Drives,
-        row: u64,
-        members: &[usize],
-    ) -> Option<Vec<Place>> {
-        self.bitmap.as_ref()?;
-        let at = self.member_offset(row, 0);
-        let len = self.geo.strip as usize;
-        members
-            .iter()
-            .map(|&m| millrace_io::place_repaired(self.ring_fd(drives, m), at, len))
-            .collect()
-    }
-}
-
-/// The data writes of an unlogged write, its ticket, and its parity written in place.
+/// The data writes of an unlogged write, and its ticket.
 struct Extra {
     batch: Batch,
     sent: SentList,
     ticket: Ticket,
-    placed: Done,
 }
 
 /// Runs member operations on the slots' buffers (reads, or writes with `fua`) together with
@@ -253,14 +168,9 @@ async fn ring_batch(
     write_fua: bool,
 ) -> bool {
     let write = extra.is_some();
-    let (mut batch, mut sent, ticket, placed) = match extra {
-        Some(e) => (e.batch, e.sent, Some(e.ticket), e.placed),
-        None => (
-            Batch::with_capacity(ops.len()),
-            SentList::new(),
-            None,
-            Done::default(),
-        ),
+    let (mut batch, mut sent, ticket) = match extra {
+        Some(e) => (e.batch, e.sent, Some(e.ticket)),
+        None => (Batch::with_capacity(ops.len()), SentList::new(), None),
     };
     let mut lent = Vec::with_capacity(ops.len());
     for (m, off, slot) in ops {
@@ -271,7 +181,7 @@ async fn ring_batch(
         );
         let fd = a.ring_fd(drives, m);
         if write {
-            a.parity_write(&mut batch, fd, off, &b, 0..b.len(), write_fua);
+            batch.write(fd, off, &b, 0..b.len(), write_fua);
         } else {
             batch.read(fd, off, &b, 0..b.len());
         }
@@ -291,6 +201,5 @@ async fn ring_batch(
                 .expect("every member operation has completed"),
         );
     }
-    let placed_ok = a.account(drives, &placed.sent, placed.results);
-    a.account(drives, &sent, results) && placed_ok
+    a.account(drives, &sent, results)
 }

@@ -65,9 +65,6 @@ pub(super) struct Unit {
     log: Vec<usize>,
     /// The partial parity of each logged parity over [lo, hi), computed before the new data.
     partials: Vec<Vec<u8>>,
-    /// A full-stripe unit whose parity its writer computes straight into the parity members'
-    /// pages (`parity_ring`): `compute` leaves it alone, and it has no parity buffers.
-    pub(super) in_place: bool,
 }
 
 impl Unit {
@@ -132,7 +129,6 @@ pub(super) fn units<'p>(a: &Array, pieces: impl Iterator<Item = (usize, &'p Piec
                 missing: Vec::new(),
                 log: Vec::new(),
                 partials: Vec::new(),
-                in_place: false,
             });
         }
         let u = &mut units[ui];
@@ -281,7 +277,6 @@ pub(super) fn compute(a: &Array, units: &mut [Unit], data: Srcs) {
     let np = a.geo.level.parity();
     for u in units.iter_mut() {
         match u.plan {
-            Plan::Full if u.in_place => {}
             Plan::Full => {
                 // Every data strip's whole span is written: the partial parity is zero, and an
                 // empty one is logged as such (`crate::ppl`).

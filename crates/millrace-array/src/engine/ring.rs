@@ -21,14 +21,6 @@ pub(super) struct Sent {
     pub write: bool,
 }
 
-/// Member operations already done outside a batch (parity written in place), with their
-/// results, accounted like a batch's.
-#[derive(Default)]
-pub(super) struct Done {
-    pub sent: SentList,
-    pub results: millrace_io::Results,
-}
-
 impl Array {
     /// The drives, when this request can go to this core's ring as it is.
     pub(super) fn ring_drives(&self, offset: u64, len: usize) -> Option<Drives> {

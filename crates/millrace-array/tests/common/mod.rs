@@ -36,6 +36,9 @@ pub struct Rig {
     pub files: Vec<std::path::PathBuf>,
     pub _dir: Option<tempfile::TempDir>,
     pub array: Arc<Array>,
+    /// Loop devices the rig's members are (`loop_rig`), detached when the rig is dropped,
+    /// after the array (fields drop in order) has closed them.
+    pub _loops: Option<Loops>,
     pub level: Level,
     pub n: usize,
     pub group: usize,
@@ -63,6 +66,7 @@ pub fn rig(level: Level, n: usize, group: Option<usize>, strip: usize, rows: usi
         files: Vec::new(),
         _dir: None,
         array: Arc::new(array),
+        _loops: None,
         level,
         n,
         group: geo.group,
@@ -85,8 +89,9 @@ pub fn file_rig(level: Level, n: usize, group: Option<usize>, strip: usize, rows
     )
 }
 
-/// A rig on drive files in memory (/dev/shm, tmpfs), whose I/O the cores run inline through
-/// the files' mappings; None where this machine has no /dev/shm (see `cannot_run`).
+/// A rig on drive files in memory (/dev/shm, tmpfs: no O_DIRECT there, so buffered I/O
+/// through the same rings), with a write-intent bitmap; None where this machine has no
+/// /dev/shm (see `cannot_run`).
 pub fn memory_rig(
     level: Level,
     n: usize,
@@ -101,6 +106,102 @@ pub fn memory_rig(
     Some(file_rig_in(dir, true, level, n, group, strip, rows))
 }
 
+/// Loop devices attached (`losetup --direct-io=on`) to files of a temporary folder on disk;
+/// detached when dropped.
+pub struct Loops {
+    pub devices: Vec<std::path::PathBuf>,
+    pub _dir: tempfile::TempDir,
+}
+
+impl Drop for Loops {
+    fn drop(&mut self) {
+        for d in &self.devices {
+            let _ = std::process::Command::new("losetup")
+                .arg("-d")
+                .arg(d)
+                .status();
+        }
+    }
+}
+
+/// `n` loop devices of `size` bytes with `sector`-byte logical blocks, using direct I/O on their
+/// backing files, as block devices are used; None (said by `cannot_run`) where this machine
+/// cannot make them (not root, no /dev/loop-control, no losetup).
+pub fn loop_devices(n: usize, size: usize, sector: usize) -> Option<Loops> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut loops = Loops {
+        devices: Vec::new(),
+        _dir: dir,
+    };
+    for i in 0..n {
+        let f = loops._dir.path().join(format!("b{i}"));
+        std::fs::File::create(&f)
+            .unwrap()
+            .set_len(size as u64)
+            .unwrap();
+        let out = std::process::Command::new("losetup")
+            .args(["--find", "--show", "--direct-io=on", "--sector-size"])
+            .arg(sector.to_string())
+            .arg(&f)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => {
+                let dev = String::from_utf8_lossy(&o.stdout).trim().to_string();
+                loops.devices.push(dev.into());
+            }
+            _ => {
+                cannot_run("loop devices (root, /dev/loop-control and losetup)");
+                return None;
+            }
+        }
+    }
+    Some(loops)
+}
+
+/// A rig whose members are loop devices with `sector`-byte logical blocks (512, or 4096: a
+/// 4Kn drive), opened O_DIRECT as NVMe drives are; None where loop devices cannot be made.
+pub fn loop_rig(
+    level: Level,
+    n: usize,
+    group: Option<usize>,
+    strip: usize,
+    rows: usize,
+    sector: usize,
+) -> Option<Rig> {
+    let data_offset = 8192;
+    let size = data_offset + strip * rows;
+    let loops = loop_devices(n, size, sector)?;
+    let drives: Vec<Arc<dyn Drive>> = loops
+        .devices
+        .iter()
+        .map(|p| Arc::new(millrace_array::drive::FileDrive::open(p).unwrap()) as Arc<dyn Drive>)
+        .collect();
+    assert!(
+        drives.iter().all(|d| d.direct()),
+        "loop devices are opened O_DIRECT"
+    );
+    let geo = Geometry::new(level, n, group, strip as u64, (strip * rows) as u64).unwrap();
+    let array = Array::new(
+        geo,
+        data_offset as u64,
+        drives,
+        &vec![MemberState::Online; n],
+    );
+    Some(Rig {
+        mems: Vec::new(),
+        files: loops.devices.clone(),
+        _dir: None,
+        array: Arc::new(array),
+        _loops: Some(loops),
+        level,
+        n,
+        group: geo.group,
+        strip,
+        rows,
+        data_offset,
+    })
+}
+
 fn file_rig_in(
     dir: tempfile::TempDir,
     memory: bool,
@@ -110,8 +211,8 @@ fn file_rig_in(
     strip: usize,
     rows: usize,
 ) -> Rig {
-    // In memory, room for a write-intent bitmap, under which parity is copied into the files'
-    // mappings (`Batch::write_repaired`); on disk the pools have none.
+    // In memory, room for a write-intent bitmap (what a crash-torn parity sector is repaired
+    // from); on disk the pools have none.
     let data_offset = if memory {
         millrace_array::bitmap::BITMAP_OFFSET as usize + 64 * 1024
     } else {
@@ -122,15 +223,10 @@ fn file_rig_in(
     let drives: Vec<Arc<dyn Drive>> = files
         .iter()
         .map(|p| {
-            if memory {
-                // Written, not sparse: reads go through the mapping only where no hole is.
-                std::fs::write(p, vec![0u8; size]).unwrap();
-            } else {
-                std::fs::File::create(p)
-                    .unwrap()
-                    .set_len(size as u64)
-                    .unwrap();
-            }
+            std::fs::File::create(p)
+                .unwrap()
+                .set_len(size as u64)
+                .unwrap();
             Arc::new(millrace_array::drive::FileDrive::open(p).unwrap()) as Arc<dyn Drive>
         })
         .collect();
@@ -146,6 +242,7 @@ fn file_rig_in(
         files,
         _dir: Some(dir),
         array: Arc::new(array),
+        _loops: None,
         level,
         n,
         group: geo.group,

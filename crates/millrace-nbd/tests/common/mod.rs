@@ -325,14 +325,6 @@ pub struct TestDev {
     pub max_active: AtomicUsize,
     pub discards: AtomicUsize,
     pub zeroes: AtomicUsize,
-    /// Lend reads in pieces of this many bytes (0: never lend), counting them in `lends`.
-    pub lend_piece: AtomicUsize,
-    pub lends: AtomicUsize,
-    /// Take writes of at most this many bytes in `write_now` (0: never), counting them in
-    /// `taken`; one at `fail_now_at` fails there.
-    pub take_now: AtomicUsize,
-    pub taken: AtomicUsize,
-    pub fail_now_at: u64,
 }
 
 impl TestDev {
@@ -346,11 +338,6 @@ impl TestDev {
             max_active: AtomicUsize::new(0),
             discards: AtomicUsize::new(0),
             zeroes: AtomicUsize::new(0),
-            lend_piece: AtomicUsize::new(0),
-            lends: AtomicUsize::new(0),
-            take_now: AtomicUsize::new(0),
-            taken: AtomicUsize::new(0),
-            fail_now_at: 7 << 20,
         })
     }
     fn enter(&self) {
@@ -391,28 +378,6 @@ impl BlockDevice for TestDev {
             self.leave();
             (r, buf)
         })
-    }
-    /// The bytes in pieces, as an array lends a range over several members (copies here: what
-    /// is tested is how the server sends them).
-    fn lend(&self, offset: u64, len: usize) -> Option<millrace_block::Lent> {
-        let piece = self.lend_piece.load(Ordering::SeqCst);
-        if piece == 0 {
-            return None;
-        }
-        let mut all = vec![0u8; len];
-        self.mem.read_at(offset, &mut all).ok()?;
-        self.lends.fetch_add(1, Ordering::SeqCst);
-        Some(all.chunks(piece).map(IoBuf::from_slice).collect())
-    }
-    fn write_now(&self, offset: u64, data: &[u8]) -> Option<io::Result<()>> {
-        if data.len() > self.take_now.load(Ordering::SeqCst) {
-            return None;
-        }
-        if offset == self.fail_now_at {
-            return Some(Err(io::Error::other("the test device fails this write")));
-        }
-        self.taken.fetch_add(1, Ordering::SeqCst);
-        Some(self.mem.write_at(offset, data))
     }
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         self.enter();

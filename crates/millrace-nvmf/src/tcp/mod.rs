@@ -138,9 +138,8 @@ pub(crate) async fn serve_connection(
     };
     let reply = Outbox::open(t.clone());
     let writer = tokio::spawn(reply.writer(wr, fmt, sqhd.clone()));
-    let session = Session::new(t.clone(), peer, local, discovery_only)
-        .with_completer(completer(&reply))
-        .with_lent_reads(!ddgst && millrace_io::lend_reads());
+    let session =
+        Session::new(t.clone(), peer, local, discovery_only).with_completer(completer(&reply));
     let mut c = Conn {
         t: t.clone(),
         peer,
@@ -359,16 +358,6 @@ impl Conn {
             ));
         }
         self.admit(raw)?;
-        // A write whose data came whole with its header (`whole`) is done from the read buffer
-        // where the device can do it now: no pool buffer, no copy, no task.
-        let buffered = self.rd.buffer().get(..f.data_len);
-        if let Some(data) = buffered.filter(|_| self.whole && !f.ddgst && f.data_len > 0) {
-            if let Some(st) = self.session.write_now(&sqe, data) {
-                self.rd.consume(f.data_len);
-                self.reply.done(sqe.cid(), st, 0);
-                return Ok(());
-            }
-        }
         let (mut icd, held) = self.in_capsule_buffer(f.data_len).await?;
         let digest_ok = match icd.as_mut() {
             Some(b) => self.data(f, b).await?,
@@ -495,8 +484,7 @@ impl Conn {
             Action::Data { mut data, result } if c2h_len > 0 => {
                 data.resize(c2h_len, 0);
                 // Admin data (Identify, log pages): small, and not on the data path.
-                let one = millrace_io::Lent::from_buf([IoBuf::from_slice(&data)]);
-                self.reply.data(cid, one, None, result);
+                self.reply.data(cid, IoBuf::from_slice(&data), None, result);
             }
             Action::Data { result, .. } => self.reply.done(cid, Status::SUCCESS, result),
             Action::Parked => {}

@@ -9,7 +9,7 @@ use crate::io_commands::IoDone;
 use crate::model::Inner;
 use crate::pdu::{self, encode, Head, R2t};
 use millrace_io::share::Held;
-use millrace_io::Lent;
+use millrace_io::IoBuf;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -24,7 +24,7 @@ pub(crate) enum Out {
     /// host's share the buffer counts against, goes back with it once sent.
     Data {
         cqe: Cqe,
-        data: Lent,
+        data: IoBuf,
         held: Option<Held>,
     },
     R2t(R2t),
@@ -159,7 +159,7 @@ impl Replier {
             .push(Out::Resp(self.retire(Cqe::new(cid, status, result))));
     }
 
-    pub fn data(&self, cid: u16, data: Lent, held: Option<Held>, result: u64) {
+    pub fn data(&self, cid: u16, data: IoBuf, held: Option<Held>, result: u64) {
         let cqe = self.retire(Cqe::new(cid, Status::SUCCESS, result));
         self.out.push(Out::Data { cqe, data, held });
     }
@@ -366,7 +366,7 @@ mod tests {
         .unwrap();
         out.push(Out::Data {
             cqe: Cqe::new(1, Status::SUCCESS, 0),
-            data: Lent::from_buf([pool.try_get(4096).unwrap().unwrap()]),
+            data: pool.try_get(4096).unwrap().unwrap(),
             held: None,
         });
         assert_eq!(pool.usage().in_use_bytes, 0);
