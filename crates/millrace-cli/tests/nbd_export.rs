@@ -42,15 +42,16 @@ fn run(c: &mut Command) -> std::process::Output {
     out
 }
 
-/// Pool "tank" in `dir`: RAID6 over six 64 MiB drive files, 64 KiB strips.
+/// Pool "tank" in `dir`: RAID6 over six 64 MiB members (loop devices with direct I/O where the
+/// machine can make them, else drive files: `common::members`), 64 KiB strips.
 fn raid6_pool(dir: &std::path::Path) {
+    let (drives, create) = common::members(dir, 6, "64M");
     let mut c = millrace(dir);
     c.args([
-        "pool", "create", "tank", "--level", "raid6", "--strip", "64k", "--create", "64M",
-    ]);
-    for i in 0..6 {
-        c.arg(format!("drives/d{i}.img"));
-    }
+        "pool", "create", "tank", "--level", "raid6", "--strip", "64k",
+    ])
+    .args(&create)
+    .args(&drives);
     c.assert().success();
 }
 

@@ -183,16 +183,83 @@ pub fn reset(s: std::net::TcpStream) {
     drop(s);
 }
 
-/// A RAID6 pool `tank` of six 96 MiB drive files in `dir`, made before any server runs.
-pub fn raid6_tank(dir: &Path) {
-    let drives: Vec<String> = (0..6)
+/// Paths of `n` members of `size` for a test pool: loop devices with direct I/O over files in
+/// `dir` (block devices, as NVMe drives are used) where this machine can make them (root,
+/// /dev/loop-control, losetup); else drive files in `dir`, for `pool create --create SIZE`.
+/// The second value is the `--create` argument the paths need (none for block devices). Loop
+/// devices are detached when the test binary exits (after every test's server has stopped).
+pub fn members(dir: &Path, n: usize, size: &str) -> (Vec<String>, Vec<String>) {
+    if let Some(loops) = loop_members(dir, n, size) {
+        return (loops, Vec::new());
+    }
+    let files = (0..n)
         .map(|i| dir.join(format!("d{i}.img")).display().to_string())
         .collect();
+    (files, vec!["--create".into(), size.into()])
+}
+
+static LOOPS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+extern "C" fn detach_loops() {
+    for d in LOOPS.lock().map(|l| l.clone()).unwrap_or_default() {
+        let _ = std::process::Command::new("losetup")
+            .arg("-d")
+            .arg(d)
+            .status();
+    }
+}
+
+fn loop_members(dir: &Path, n: usize, size: &str) -> Option<Vec<String>> {
+    if !Path::new("/dev/loop-control").exists() {
+        return None;
+    }
+    let mut out = Vec::new();
+    for i in 0..n {
+        let f = dir.join(format!("b{i}.img"));
+        let ok = std::process::Command::new("truncate")
+            .args(["-s", size])
+            .arg(&f)
+            .status()
+            .is_ok_and(|s| s.success());
+        let dev = ok
+            .then(|| {
+                std::process::Command::new("losetup")
+                    .args(["--find", "--show", "--direct-io=on"])
+                    .arg(&f)
+                    .output()
+                    .ok()
+                    .filter(|o| o.status.success())
+            })
+            .flatten()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+        let Some(dev) = dev else {
+            for d in &out {
+                let _ = std::process::Command::new("losetup")
+                    .arg("-d")
+                    .arg(d)
+                    .status();
+            }
+            return None;
+        };
+        let mut l = LOOPS.lock().unwrap();
+        if l.is_empty() {
+            // SAFETY: registers a plain function with no arguments to run at exit.
+            unsafe { libc::atexit(detach_loops) };
+        }
+        l.push(dev.clone());
+        out.push(dev);
+    }
+    Some(out)
+}
+
+/// Pool "tank": RAID6 over six 96 MiB members (loop devices where the machine can make them,
+/// see `members`), as the server tests use it.
+pub fn raid6_tank(dir: &Path) {
+    let (drives, create) = members(dir, 6, "96M");
     run_ok(
         millrace(dir)
-            .args([
-                "pool", "create", "tank", "--level", "raid6", "--create", "96M",
-            ])
+            .args(["pool", "create", "tank", "--level", "raid6"])
+            .args(&create)
             .args(&drives),
     );
 }
