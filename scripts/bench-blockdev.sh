@@ -14,8 +14,9 @@
 #     about 10k IOPS, which is not a fair comparison; run it where a machine has cores to spare).
 #   Rows: 4K random read and write at QD64, 128K sequential read and write at QD16. Each row: IOPS,
 #   the target's CPU microseconds per I/O (user + system of the process, all threads), its context
-#   switches per I/O, and the most io_uring worker threads (iou-wrk, entries the kernel punted
-#   because it could not issue them without blocking) seen while the row ran.
+#   switches per I/O, and io_uring's punts per I/O: entries the kernel could not issue without
+#   blocking and handed to a worker thread (the tracepoint io_uring:io_uring_queue_async_work,
+#   counted by `perf stat` where perf and tracefs are there; else the most iou-wrk threads seen).
 # NBD (fio's nbd engine on CPU 1, the server on CPU 0, over a Unix socket), on ONE loop device:
 #   - Millrace, a one-member RAID0 over it; qemu-nbd --cache=none --aio=io_uring over it.
 #   Rows: 4K random read and write at QD32, 1M sequential read and write at QD8.
@@ -77,31 +78,43 @@ sample_workers() {
     done
 }
 
+mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
+punts_traced=0
+command -v perf >/dev/null && [[ -d /sys/kernel/tracing/events/io_uring/io_uring_queue_async_work ]] && punts_traced=1
+
 # timed PID SIDE ROW COMMAND...: runs COMMAND (which prints "IOPS IOS"), and records for SIDE ROW
-# the IOPS, PID's CPU us per I/O, context switches per I/O and the most io-wq workers seen
+# the IOPS, PID's CPU us per I/O, context switches per I/O and io_uring punts per I/O
 declare -A iops cpu ctx wq
 timed() {
     local pid=$1 key="$2 $3"
     shift 3
-    local t0 t1 s0 s1 r n sampler
+    local t0 t1 s0 s1 r n watcher
     echo 0 >"$tmp/wq"
-    sample_workers "$pid" "$tmp/wq" &
-    sampler=$!
+    if ((punts_traced)); then
+        perf stat -x, -e io_uring:io_uring_queue_async_work -p "$pid" -o "$tmp/punts" &
+    else
+        sample_workers "$pid" "$tmp/wq" &
+    fi
+    watcher=$!
     t0=$(cpu_ticks "$pid"); s0=$(ctx_switches "$pid")
     read -r r n < <("$@")
     t1=$(cpu_ticks "$pid"); s1=$(ctx_switches "$pid")
-    kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || true
+    kill -INT "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null || true
     iops[$key]=$r
     cpu[$key]=$(us_per_io "$t0" "$t1" "$n")
     ctx[$key]=$(awk -v a="$s0" -v b="$s1" -v n="$n" 'BEGIN { if (n > 0) printf "%.2f", (b - a) / n; else print "-" }')
-    wq[$key]=$(cat "$tmp/wq")
-    echo "  $key: $r IOPS, ${cpu[$key]} us CPU/I/O, ${ctx[$key]} context switches/I/O, io-wq workers ${wq[$key]}" >&2
+    if ((punts_traced)); then
+        wq[$key]=$(awk -F, -v n="$n" '/io_uring_queue_async_work/ { if (n > 0) printf "%.3f", $1 / n }' "$tmp/punts")
+    else
+        wq[$key]="workers $(cat "$tmp/wq")"
+    fi
+    echo "  $key: $r IOPS, ${cpu[$key]} us CPU/I/O, ${ctx[$key]} context switches/I/O, io-wq punts/I/O ${wq[$key]}" >&2
 }
 
 nvme_rows=("randread 4096 64" "randwrite 4096 64" "read 131072 16" "write 131072 16")
 
-# perf PORT NQN WORKLOAD SIZE QD SECONDS: prints "IOPS IOS"
-perf() {
+# nvme_perf PORT NQN WORKLOAD SIZE QD SECONDS: prints "IOPS IOS"
+nvme_perf() {
     local out
     out=$(taskset -c 1 "$spdk/build/bin/spdk_nvme_perf" --no-huge -s 1024 -c 0x2 -q "$5" -o "$4" -w "$3" -t "$6" \
         -r "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$1 subnqn:$2 hostnqn:$host" 2>&1) || {
@@ -114,11 +127,11 @@ perf() {
 # nvme_side SIDE PORT NQN PID: fills the volume, then runs every row against it
 nvme_side() {
     local pass=$((member_mib * 4 / 400 + 3)) row w bs qd
-    perf "$2" "$3" write 1048576 8 "$pass" >/dev/null
+    nvme_perf "$2" "$3" write 1048576 8 "$pass" >/dev/null
     for row in "${nvme_rows[@]}"; do
         read -r w bs qd <<<"$row"
-        perf "$2" "$3" "$w" "$bs" "$qd" 2 >/dev/null
-        timed "$4" "$1" "$row" perf "$2" "$3" "$w" "$bs" "$qd" "$secs"
+        nvme_perf "$2" "$3" "$w" "$bs" "$qd" 2 >/dev/null
+        timed "$4" "$1" "$row" nvme_perf "$2" "$3" "$w" "$bs" "$qd" "$secs"
     done
 }
 
@@ -229,7 +242,7 @@ if ((nvme)); then
     h="| NVMe/TCP workload | QD | Millrace on loop devices | on /dev/shm files | fio on the loop devices | Millrace/fio"
     l="|---|---|---|---|---|---"
     [[ " $peers " == *" spdk-aio "* ]] && { h+=" | SPDK AIO on loop devices"; l+="|---"; }
-    h+=" | target CPU us/I/O loop / shm | context switches/I/O loop / shm | io-wq workers loop / shm |"
+    h+=" | target CPU us/I/O loop / shm | context switches/I/O loop / shm | io-wq punts/I/O loop / shm |"
     l+="|---|---|---|"
     echo "$h"; echo "$l"
     for row in "${nvme_rows[@]}"; do
@@ -242,10 +255,10 @@ if ((nvme)); then
     echo
 fi
 if [[ -n ${iops[nbd-mr randread 4k 32]:-} ]]; then
-    echo "| NBD workload | QD | Millrace | qemu-nbd | ratio | server CPU us/request Millrace | qemu-nbd | context switches/request Millrace | qemu-nbd |"
-    echo "|---|---|---|---|---|---|---|---|---|"
+    echo "| NBD workload | QD | Millrace | qemu-nbd | ratio | server CPU us/request Millrace | qemu-nbd | context switches/request Millrace | qemu-nbd | io-wq punts/request Millrace | qemu-nbd |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|"
     for row in "${nbd_rows[@]}"; do
         read -r rw bs qd <<<"$row"
-        echo "| $rw $bs | $qd | ${iops[nbd-mr $row]} | ${iops[nbd-qemu $row]} | $(ratio "${iops[nbd-mr $row]}" "${iops[nbd-qemu $row]}") | ${cpu[nbd-mr $row]} | ${cpu[nbd-qemu $row]} | ${ctx[nbd-mr $row]} | ${ctx[nbd-qemu $row]} |"
+        echo "| $rw $bs | $qd | ${iops[nbd-mr $row]} | ${iops[nbd-qemu $row]} | $(ratio "${iops[nbd-mr $row]}" "${iops[nbd-qemu $row]}") | ${cpu[nbd-mr $row]} | ${cpu[nbd-qemu $row]} | ${ctx[nbd-mr $row]} | ${ctx[nbd-qemu $row]} | ${wq[nbd-mr $row]} | ${wq[nbd-qemu $row]} |"
     done
 fi
