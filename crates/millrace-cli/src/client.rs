@@ -139,6 +139,18 @@ impl Api {
         )
     }
 
+    pub fn put_as<B: serde::Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T> {
+        let r = self.auth(self.agent.put(self.url(path))).send_json(body);
+        Self::typed(
+            &format!("PUT {path}"),
+            self.finish(&format!("PUT {path}"), r)?,
+        )
+    }
+
     pub fn patch_as<B: serde::Serialize, T: DeserializeOwned>(
         &self,
         path: &str,

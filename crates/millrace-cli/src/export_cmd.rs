@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use clap::Subcommand;
-use millrace_server::model::{NbdExportRequest, NvmeExportRequest};
+use millrace_server::model::{AnaRequest, NbdExportRequest, NvmeExportRequest};
 use serde_json::Value;
 
 use crate::format::table;
@@ -48,6 +48,9 @@ pub enum NvmeCmd {
         /// The subsystem NQN (default nqn.2026-11.dev.millrace:POOL.VOLUME).
         #[arg(long)]
         nqn: Option<String>,
+        /// The namespace's ANA group, 1 to 128 (default 1); each path's state is kept per group.
+        #[arg(long, value_name = "N")]
+        ana_group: Option<u32>,
         #[arg(long)]
         json: bool,
     },
@@ -55,6 +58,34 @@ pub enum NvmeCmd {
     Remove { volume: String },
     /// List NVMe/TCP exports.
     List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Paths and their ANA states: how each listener reaches the export, for hosts' multipath.
+    #[command(subcommand)]
+    Ana(AnaCmd),
+}
+
+#[derive(Subcommand)]
+pub enum AnaCmd {
+    /// Set the ANA state of an export on one path (listener). Hosts connected through it are
+    /// told at once; their multipath sends I/O down optimized paths first and none down an
+    /// inaccessible one. States last until the server restarts (then every path is optimized).
+    #[command(
+        after_help = "Examples:\n  millrace export nvme ana set tank/db --listener 10.0.0.5:4420 --state inaccessible\n  millrace export nvme ana set tank/db --listener 10.0.0.5:4420 --state optimized\n  (`millrace export list` shows each export's paths and their states)"
+    )]
+    Set {
+        /// POOL/VOLUME
+        volume: String,
+        /// The listener, ADDR:PORT as `millrace serve --nvme` (or --nvme-rdma) listens.
+        #[arg(long, value_name = "ADDR:PORT")]
+        listener: String,
+        /// The listener's transport.
+        #[arg(long, default_value = "tcp", value_parser = ["tcp", "rdma"])]
+        transport: String,
+        /// optimized, non-optimized, inaccessible, persistent-loss or change.
+        #[arg(long)]
+        state: String,
         #[arg(long)]
         json: bool,
     },
@@ -120,12 +151,17 @@ fn list(svc: &dyn Service, json: bool, only: Option<&str>) -> Result<()> {
     };
     for e in nvme {
         let connections: Vec<String> = (e.connections.iter())
-            .map(|c| format!("{} from {}", c.host, c.peer))
+            .map(|c| match &c.listener {
+                Some(l) => format!("{} from {} via {l}", c.host, c.peer),
+                None => format!("{} from {}", c.host, c.peer),
+            })
             .collect();
+        let mut name = vec![e.nqn.clone()];
+        name.extend(paths(e));
         t.add_row(vec![
             format!("{}/{}", e.pool, e.volume),
             "nvme-tcp".into(),
-            e.nqn.clone(),
+            name.join("\n"),
             if e.allow_any_host {
                 "any host".into()
             } else {
@@ -166,6 +202,53 @@ fn list(svc: &dyn Service, json: bool, only: Option<&str>) -> Result<()> {
     Ok(())
 }
 
+/// An NVMe export's paths, one line each: "path tcp 10.0.0.5:4420 optimized (ANA group 1)".
+fn paths(e: &millrace_server::model::NvmeExportView) -> Vec<String> {
+    (e.paths.iter())
+        .map(|p| {
+            format!(
+                "path {} {} {} (ANA group {})",
+                p.transport, p.listener, p.state, e.ana_group
+            )
+        })
+        .collect()
+}
+
+fn set_ana(svc: &dyn Service, cmd: AnaCmd) -> Result<()> {
+    let AnaCmd::Set {
+        volume,
+        listener,
+        transport,
+        state,
+        json,
+    } = cmd;
+    let (pool, vol) = split(&volume)?;
+    let v = svc.set_nvme_ana(
+        pool,
+        vol,
+        AnaRequest {
+            listener: listener.clone(),
+            transport: Some(transport.clone()),
+            state,
+        },
+    )?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    for p in &v.paths {
+        let mark = match p.listener == listener && p.transport == transport {
+            true => "  (changed)",
+            false => "",
+        };
+        println!(
+            "{volume} over {} {}: {} (ANA group {}){mark}",
+            p.transport, p.listener, p.state, v.ana_group
+        );
+    }
+    Ok(())
+}
+
 /// What an export made with no server running adds to its line.
 fn when(svc: &dyn Service) -> &'static str {
     if svc.live() {
@@ -180,11 +263,13 @@ pub fn run(home: &Path, svc: &dyn Service, cmd: ExportCmd) -> Result<()> {
         ExportCmd::List { json } => list(svc, json, None),
         ExportCmd::Nvme(NvmeCmd::List { json }) => list(svc, json, Some("nvme")),
         ExportCmd::Nbd(NbdCmd::List { json }) => list(svc, json, Some("nbd")),
+        ExportCmd::Nvme(NvmeCmd::Ana(cmd)) => set_ana(svc, cmd),
         ExportCmd::Nvme(NvmeCmd::Add {
             volume,
             hosts,
             allow_any_host,
             nqn,
+            ana_group,
             json,
         }) => {
             let (pool, vol) = split(&volume)?;
@@ -194,6 +279,7 @@ pub fn run(home: &Path, svc: &dyn Service, cmd: ExportCmd) -> Result<()> {
                 nqn,
                 hosts,
                 allow_any_host,
+                ana_group,
             })?;
             if json {
                 println!(

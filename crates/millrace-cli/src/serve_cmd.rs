@@ -8,16 +8,18 @@ use clap::Args;
 
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  millrace serve                                   # API on 127.0.0.1:8740, NVMe/TCP on 0.0.0.0:4420 (discovery 8009)\n  millrace serve --nvme-rdma 192.168.1.10         # also NVMe/RDMA on port 4420 of that address\n  millrace serve --api 0.0.0.0:8740 --token-file /etc/millrace/token   # the API beyond this machine needs a token\n  millrace serve --api 0.0.0.0:8740 --token-file /etc/millrace/token --tls-cert /etc/millrace/api.crt --tls-key /etc/millrace/api.key"
+    after_help = "Examples:\n  millrace serve                                   # API on 127.0.0.1:8740, NVMe/TCP on 0.0.0.0:4420 (discovery 8009)\n  millrace serve --nvme-rdma 192.168.1.10         # also NVMe/RDMA on port 4420 of that address\n  millrace serve --nvme 10.0.0.5:4420 --nvme 10.0.1.5:4420   # two paths for multipath\n  millrace serve --api 0.0.0.0:8740 --token-file /etc/millrace/token   # the API beyond this machine needs a token\n  millrace serve --api 0.0.0.0:8740 --token-file /etc/millrace/token --tls-cert /etc/millrace/api.crt --tls-key /etc/millrace/api.key"
 )]
 pub struct ServeArgs {
     /// Where the HTTP API, /metrics and the dashboard listen. Beyond loopback a token is required.
     #[arg(long, default_value = "127.0.0.1:8740", env = "MILLRACE_API_LISTEN")]
     api: SocketAddr,
-    /// The NVMe/TCP I/O port's address.
-    #[arg(long, default_value = "0.0.0.0:4420")]
-    nvme: SocketAddr,
-    /// The NVMe/TCP discovery port (on the NVMe/TCP address).
+    /// An NVMe/TCP I/O listener, ADDR:PORT (repeat for several: each is a path to every
+    /// export, listed by discovery, for hosts' native multipath; `millrace export nvme ana set`
+    /// sets a path's ANA state).
+    #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:4420")]
+    nvme: Vec<SocketAddr>,
+    /// The NVMe/TCP discovery port (on each NVMe/TCP address).
     #[arg(long, default_value_t = 8009)]
     discovery_port: u16,
     /// Serve no NVMe/TCP at all.
@@ -113,7 +115,7 @@ pub fn run(home: &Path, a: ServeArgs) -> Result<i32> {
     let cfg = millrace_server::ServeConfig {
         home: home.to_path_buf(),
         api: a.api,
-        nvme: (!a.no_nvme).then_some(a.nvme),
+        nvme: if a.no_nvme { Vec::new() } else { a.nvme },
         discovery_port: (!a.no_nvme && a.discovery_port != 0).then_some(a.discovery_port),
         nvme_rdma: a.nvme_rdma,
         nbd_listen: a.nbd_listen,

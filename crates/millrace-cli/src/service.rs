@@ -27,6 +27,7 @@ pub trait Service {
     fn exports(&self) -> Result<ExportsView>;
     fn add_nvme(&self, req: NvmeExportRequest) -> Result<NvmeExportConfig>;
     fn remove_nvme(&self, pool: &str, vol: &str) -> Result<Removed>;
+    fn set_nvme_ana(&self, pool: &str, vol: &str, req: AnaRequest) -> Result<NvmeExportView>;
     fn add_nbd(&self, req: NbdExportRequest) -> Result<NbdExportConfig>;
     fn remove_nbd(&self, pool: &str, vol: &str) -> Result<Removed>;
     fn shares(&self) -> Result<ShareList>;
@@ -151,6 +152,11 @@ impl Service for InProcess {
     fn remove_nvme(&self, pool: &str, vol: &str) -> Result<Removed> {
         self.call(|s| service::remove_nvme(s, pool, vol))
     }
+    fn set_nvme_ana(&self, _pool: &str, _vol: &str, _req: AnaRequest) -> Result<NvmeExportView> {
+        Err(anyhow!(
+            "no server is running here; ANA states are held by a running server, so start `millrace serve` first"
+        ))
+    }
     fn add_nbd(&self, req: NbdExportRequest) -> Result<NbdExportConfig> {
         self.call(|s| service::add_nbd(s, req))
     }
@@ -265,6 +271,10 @@ impl Service for Http<'_> {
     fn remove_nvme(&self, pool: &str, vol: &str) -> Result<Removed> {
         self.0
             .delete_as(&format!("/api/v1/exports/nvme/{}/{}", seg(pool), seg(vol)))
+    }
+    fn set_nvme_ana(&self, pool: &str, vol: &str, req: AnaRequest) -> Result<NvmeExportView> {
+        let path = format!("/api/v1/exports/nvme/{}/{}/ana", seg(pool), seg(vol));
+        self.0.put_as(&path, &req)
     }
     fn add_nbd(&self, req: NbdExportRequest) -> Result<NbdExportConfig> {
         self.0.post_as("/api/v1/exports/nbd", &req)

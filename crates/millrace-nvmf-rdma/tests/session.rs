@@ -27,6 +27,7 @@ fn target() -> Target {
             dev: Arc::new(MemBlockDevice::new(8 << 20)),
             uuid: [1; 16],
             nguid: [2; 16],
+            ana_group: 0,
         }],
         allowed_hosts: vec![HOST.into()],
         allow_any_host: false,

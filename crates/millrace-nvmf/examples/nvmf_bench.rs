@@ -422,6 +422,7 @@ fn start_target(
             dev: dev.clone(),
             uuid: [0xb1; 16],
             nguid: [0xb2; 16],
+            ana_group: 0,
         }],
         allowed_hosts: vec![HOST.into()],
         allow_any_host: false,

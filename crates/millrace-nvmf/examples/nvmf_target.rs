@@ -141,6 +141,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             dev,
             uuid: *b"millrace-example",
             nguid: *b"MILLRACE-EXAMPLE",
+            ana_group: 0,
         }],
         allowed_hosts: a.host.clone(),
         allow_any_host: a.allow_any_host,

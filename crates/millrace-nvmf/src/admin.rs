@@ -2,6 +2,7 @@
 //! features. Offsets follow the NVMe base specification (2.0 numbering of the same 1.4 fields)
 //! and the NVMe over Fabrics specification.
 
+use crate::ana;
 use crate::cmd::{admin, prop, Sqe, Status};
 use crate::model::{Controller, Inner, Ns, Transport, TransportInfo, AERL, DISCOVERY_NQN};
 use std::net::SocketAddr;
@@ -163,8 +164,9 @@ pub(crate) fn identify_controller(x: &Ctx) -> Vec<u8> {
     put_str(&mut b[64..72], FIRMWARE);
     b[72] = 6; // recommended arbitration burst
     if !s.discovery {
-        // Multiple controllers may share the subsystem (several hosts or paths).
-        b[76] = 1 << 1;
+        // CMIC: multiple controllers may share the subsystem (several hosts or paths), and
+        // ANA reporting.
+        b[76] = 1 << 1 | 1 << 3;
     }
     b[77] = mdts(t);
     put16(&mut b, 78, x.ctrl.cntlid);
@@ -172,7 +174,7 @@ pub(crate) fn identify_controller(x: &Ctx) -> Vec<u8> {
     if s.discovery {
         put32(&mut b, 92, 1 << 31); // OAES: discovery log change notices
     } else {
-        put32(&mut b, 92, 1 << 8); // OAES: namespace attribute notices
+        put32(&mut b, 92, 1 << 8 | 1 << 11); // OAES: namespace attribute and ANA change notices
     }
     b[111] = if s.discovery { 2 } else { 1 }; // CNTRLTYPE
     b[258] = 3; // ACL, zero-based
@@ -183,6 +185,12 @@ pub(crate) fn identify_controller(x: &Ctx) -> Vec<u8> {
     put16(&mut b, 266, 0x157); // WCTEMP 343 K
     put16(&mut b, 268, 0x175); // CCTEMP 373 K
     put16(&mut b, 320, KAS);
+    if !s.discovery {
+        b[342] = ana::ANATT;
+        b[343] = ana::ANACAP;
+        put32(&mut b, 344, ana::ANA_GROUP_MAX); // ANAGRPMAX
+        put32(&mut b, 348, ana::ANA_GROUP_MAX); // NANAGRPID
+    }
     b[512] = 0x66; // SQES: 64-byte entries
     b[513] = 0x44; // CQES: 16-byte entries
     put16(&mut b, 514, t.cfg.max_queue_depth);
@@ -248,6 +256,7 @@ pub(crate) fn identify_namespace(ns: &Ns) -> Vec<u8> {
         }
     }
     put128(&mut b, 48, (ns.blocks as u128) << ns.lba_shift); // NVMCAP
+    put32(&mut b, 92, ns.ana_group); // ANAGRPID
     b[104..120].copy_from_slice(&ns.nguid);
     // LBA format 0: no metadata, LBADS, best relative performance.
     put32(&mut b, 128, ns.lba_shift << 16);
@@ -352,6 +361,7 @@ fn get_log_page(x: &Ctx, sqe: &Sqe) -> Reply {
             }
             b
         }
+        0x0c if !s.discovery => ana_log(x, (c10 >> 8) & 0xf),
         0x70 if s.discovery => discovery_log(x),
         _ => return err(Status::INVALID_LOG_PAGE),
     };
@@ -361,6 +371,16 @@ fn get_log_page(x: &Ctx, sqe: &Sqe) -> Reply {
     let mut d = page[off as usize..].to_vec();
     d.resize(len as usize, 0);
     with_data(d)
+}
+
+/// The ANA log page as seen through the path this controller was connected on; LSP bit 0
+/// (RGO) leaves out the namespace ids.
+fn ana_log(x: &Ctx, lsp: u32) -> Vec<u8> {
+    let s = &x.ctrl.subsys;
+    let groups: Vec<_> = (s.ana_groups().into_iter())
+        .map(|(g, ids)| (g, s.ana.state(x.ctrl.port, g), ids))
+        .collect();
+    ana::log_page(s.ana.changes(), &groups, lsp & 1 != 0)
 }
 
 fn smart_log(x: &Ctx) -> Vec<u8> {

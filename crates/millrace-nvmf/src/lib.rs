@@ -10,7 +10,7 @@
 //!     nqn: "nqn.2024-01.io.millrace:vol1".into(),
 //!     serial: "MR0001".into(),
 //!     model: "Millrace Volume".into(),
-//!     namespaces: vec![Namespace { nsid: 1, dev, uuid: [1; 16], nguid: [1; 16] }],
+//!     namespaces: vec![Namespace { nsid: 1, dev, uuid: [1; 16], nguid: [1; 16], ana_group: 0 }],
 //!     allowed_hosts: vec!["nqn.2014-08.org.nvmexpress:uuid:...".into()],
 //!     allow_any_host: false,
 //! }).unwrap();
@@ -25,6 +25,7 @@
 // The layers, each using only those below it:
 //   wire:       `cmd` (commands, statuses), `pdu` (NVMe/TCP framing), `error` (the API's errors)
 //   model:      subsystems, namespaces, controllers, counters (`model`)
+//               (`ana`: each path's ANA state per group, the ANA log page; below `model`)
 //   commands:   `admin` (admin commands), `io_commands` (the NVM command set)
 //   (each host's share of the buffer pool is a millrace_io::Shares keyed by host NQN)
 //   session:    one queue's command handling, transport-agnostic (`session`)
@@ -32,6 +33,7 @@
 //               NVMe/RDMA lives in millrace-nvmf-rdma, over `Session`
 //   target:     the public API and the TCP accept loop (`target`)
 mod admin;
+mod ana;
 pub mod cmd;
 mod error;
 mod gather;
@@ -45,9 +47,10 @@ mod target;
 mod tcp;
 
 pub use admin::{FIRMWARE, MAX_DEALLOCATE_BYTES, NVME_VERSION};
+pub use ana::{AnaState, ANA_GROUP_MAX};
 pub use error::Error;
 pub use model::{
-    Completer, HostInfo, Namespace, NamespaceInfo, Stats, SubsystemConfig, SubsystemInfo,
+    Completer, HostInfo, Namespace, NamespaceInfo, PathInfo, Stats, SubsystemConfig, SubsystemInfo,
     TargetConfig, Transport, TransportInfo, DEFAULT_DISCOVERY_PORT, DEFAULT_IO_PORT, DISCOVERY_NQN,
 };
 pub use session::{Action, ErrorCounter, Session};

@@ -137,6 +137,8 @@ pub struct Namespace {
     pub dev: Arc<dyn BlockDevice>,
     pub uuid: [u8; 16],
     pub nguid: [u8; 16],
+    /// The namespace's ANA group, 1 to [`crate::ANA_GROUP_MAX`]; 0 puts it in group 1.
+    pub ana_group: u32,
 }
 
 /// A subsystem to export. Closed by default: only `allowed_hosts` may connect unless
@@ -161,6 +163,8 @@ pub struct SubsystemInfo {
     pub allowed_hosts: Vec<String>,
     pub allow_any_host: bool,
     pub hosts: Vec<HostInfo>,
+    /// Each listener to each ANA group, with the group's state there.
+    pub paths: Vec<PathInfo>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -168,6 +172,16 @@ pub struct NamespaceInfo {
     pub nsid: u32,
     pub size_bytes: u64,
     pub block_bytes: u32,
+    pub ana_group: u32,
+}
+
+/// One path (a listener) to one ANA group of a subsystem, with the group's state there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PathInfo {
+    pub transport: Transport,
+    pub listener: SocketAddr,
+    pub ana_group: u32,
+    pub state: crate::ana::AnaState,
 }
 
 /// A connected host (one controller).
@@ -178,6 +192,8 @@ pub struct HostInfo {
     pub peer: SocketAddr,
     pub io_queues: usize,
     pub transport: Transport,
+    /// The listener the host connected through (None: one the target does not list).
+    pub listener: Option<SocketAddr>,
 }
 
 /// Counters for Prometheus and the dashboard.
@@ -241,6 +257,8 @@ pub(crate) struct Ns {
     pub min_blocks: u64,
     /// The device's write granule in blocks (0: none; `BlockDevice::write_granule_bytes`).
     pub granule_blocks: u64,
+    /// The namespace's ANA group (1 to `ANA_GROUP_MAX`).
+    pub ana_group: u32,
 }
 
 impl Ns {
@@ -250,6 +268,14 @@ impl Ns {
                 "namespace id {} is reserved; use 1 to {}",
                 n.nsid,
                 u32::MAX - 1
+            )));
+        }
+        let ana_group = n.ana_group.max(1);
+        if ana_group > crate::ana::ANA_GROUP_MAX {
+            return Err(Error::Invalid(format!(
+                "ANA group {} is out of range; use 1 to {}",
+                n.ana_group,
+                crate::ana::ANA_GROUP_MAX
             )));
         }
         let bb = n.dev.block_bytes();
@@ -290,6 +316,7 @@ impl Ns {
         };
         Ok(Ns {
             granule_blocks,
+            ana_group,
             nsid: n.nsid,
             dev: n.dev,
             uuid: n.uuid,
@@ -317,6 +344,8 @@ pub(crate) struct Subsystem {
     pub namespaces: ArcSwap<Vec<Arc<Ns>>>,
     pub controllers: Mutex<Controllers>,
     pub io: IoCounters,
+    /// The ANA states of its groups on each path other than optimized.
+    pub ana: crate::ana::Ana,
 }
 
 #[derive(Default)]
@@ -345,6 +374,28 @@ impl Subsystem {
             c.dead.cancel();
         }
     }
+    /// The ANA groups of its namespaces, sorted, each with its namespace ids.
+    pub fn ana_groups(&self) -> Vec<(u32, Vec<u32>)> {
+        let mut g: Vec<(u32, Vec<u32>)> = Vec::new();
+        for n in self.namespaces.load().iter() {
+            match g.iter_mut().find(|(id, _)| *id == n.ana_group) {
+                Some((_, ids)) => ids.push(n.nsid),
+                None => g.push((n.ana_group, vec![n.nsid])),
+            }
+        }
+        g.sort_by_key(|(id, _)| *id);
+        g
+    }
+    /// Tells the controllers connected through port `port` that an ANA state changed.
+    pub fn ana_changed(&self, port: u16) {
+        let on: Vec<_> = (self.controllers.lock().by_id.values())
+            .filter(|c| c.port == port)
+            .cloned()
+            .collect();
+        for c in on {
+            c.event(AEN_ANA_CHANGED, AEC_ANA);
+        }
+    }
     /// Tells every controller that the namespace list changed.
     pub fn namespaces_changed(&self, nsid: u32) {
         let all: Vec<_> = self.controllers.lock().by_id.values().cloned().collect();
@@ -358,8 +409,11 @@ impl Subsystem {
 /// (information 0, log page 4), or that the discovery log changed (information F0h, log 70h).
 pub(crate) const AEN_NS_CHANGED: u32 = 0x02 | (0x04 << 16);
 pub(crate) const AEN_DISCOVERY_CHANGED: u32 = 0x02 | (0xf0 << 8) | (0x70 << 16);
+/// A notice that an ANA state changed (information 3, ANA log page 0Ch).
+pub(crate) const AEN_ANA_CHANGED: u32 = 0x02 | (0x03 << 8) | (0x0c << 16);
 /// Async Event Configuration bits enabling those notices.
 const AEC_NS_ATTR: u32 = 1 << 8;
+pub(crate) const AEC_ANA: u32 = 1 << 11;
 const AEC_DISCOVERY: u32 = 1 << 31;
 /// Async Event Request Limit (zero-based, as Identify reports it).
 pub(crate) const AERL: u8 = 3;
@@ -388,6 +442,9 @@ pub(crate) struct Controller {
     pub hostid: [u8; 16],
     pub peer: SocketAddr,
     pub transport: Transport,
+    /// The port (listener) it was connected through, 0 when the target lists none there: ANA
+    /// states are this path's.
+    pub port: u16,
     pub regs: Mutex<Regs>,
     pub enabled: AtomicBool,
     pub kato_ms: AtomicU32,
@@ -433,6 +490,13 @@ impl Controller {
             a.pending.push_back(info);
         }
     }
+}
+
+/// Where a new controller's admin queue came from.
+pub(crate) struct Via {
+    pub peer: SocketAddr,
+    pub transport: Transport,
+    pub port: u16,
 }
 
 pub(crate) struct Port {
@@ -521,8 +585,7 @@ impl Inner {
         s: &Arc<Subsystem>,
         hostnqn: &str,
         hostid: [u8; 16],
-        peer: SocketAddr,
-        transport: Transport,
+        via: Via,
         kato_ms: u32,
     ) -> Option<Arc<Controller>> {
         let mut cs = s.controllers.lock();
@@ -541,8 +604,9 @@ impl Inner {
             subsys: s.clone(),
             hostnqn: hostnqn.to_owned(),
             hostid,
-            peer,
-            transport,
+            peer: via.peer,
+            transport: via.transport,
+            port: via.port,
             regs: Mutex::new(Regs { cc: 0, csts: 0 }),
             enabled: AtomicBool::new(false),
             kato_ms: AtomicU32::new(kato_ms),
@@ -564,6 +628,22 @@ impl Inner {
         let w = c.clone();
         tokio::spawn(async move { keep_alive_watch(t, w).await });
         Some(c)
+    }
+    /// The port a queue of `transport` arriving at local address `local` came through: the
+    /// listener on that address, or on any address at that port number; 0 when none is.
+    pub fn port_of(&self, transport: Transport, local: Option<SocketAddr>) -> u16 {
+        let Some(l) = local else { return 0 };
+        let ports = self.ports.lock();
+        let on = |exact: bool| {
+            (ports.iter())
+                .filter(|p| p.transport == transport && p.addr.port() == l.port())
+                .find(|p| match exact {
+                    true => p.addr.ip() == l.ip(),
+                    false => p.addr.ip().is_unspecified(),
+                })
+                .map(|p| p.id)
+        };
+        on(true).or_else(|| on(false)).unwrap_or(0)
     }
     pub fn drop_controller(&self, c: &Controller) {
         c.dead.cancel();

@@ -7,7 +7,7 @@
 use crate::admin;
 use crate::cmd::{self, fctype, io, Sqe, Status, Transfer, CONNECT_DATA_LEN};
 use crate::io_commands::{IoCommand, IoQueue};
-use crate::model::{Completer, Controller, Inner, Transport, TransportInfo, AERL};
+use crate::model::{Completer, Controller, Inner, Transport, TransportInfo, Via, AERL};
 use millrace_io::Share;
 use millrace_io::{BufPool, IoBuf};
 use std::net::SocketAddr;
@@ -254,6 +254,11 @@ impl Session {
         }) else {
             return Action::status(Status::INVALID_NAMESPACE);
         };
+        // A path whose ANA group is inaccessible, lost or changing serves no I/O: the status
+        // tells the host's multipath to use another path.
+        if let Some(st) = (ctrl.subsys.ana.state(ctrl.port, ns.ana_group)).io_status() {
+            return Action::status(st);
+        }
         Action::Io(IoCommand {
             q: q.io.clone(),
             ns,
@@ -425,14 +430,12 @@ impl Session {
             ));
         }
         let kato = sqe.connect_kato();
-        let Some(ctrl) = (self.t).new_controller(
-            s,
-            &d.hostnqn,
-            d.hostid,
-            self.peer,
-            self.transport.kind,
-            kato,
-        ) else {
+        let via = Via {
+            peer: self.peer,
+            transport: self.transport.kind,
+            port: self.t.port_of(self.transport.kind, self.local),
+        };
+        let Some(ctrl) = (self.t).new_controller(s, &d.hostnqn, d.hostid, via, kato) else {
             return Err((
                 "the subsystem has no controller id left".into(),
                 (Status::CONNECT_CONTROLLER_BUSY, 0),

@@ -3,10 +3,11 @@
 //! loop. Another transport (NVMe/RDMA) runs its own listener and asks for a [`Session`] per
 //! queue.
 
+use crate::ana::AnaState;
 use crate::error::Error;
 use crate::model::{
-    Controllers, Counters, HostInfo, Inner, IoCounters, Namespace, NamespaceInfo, Ns, Port, Stats,
-    Subsystem, SubsystemConfig, SubsystemInfo, TargetConfig, Transport, DISCOVERY_NQN,
+    Controllers, Counters, HostInfo, Inner, IoCounters, Namespace, NamespaceInfo, Ns, PathInfo,
+    Port, Stats, Subsystem, SubsystemConfig, SubsystemInfo, TargetConfig, Transport, DISCOVERY_NQN,
 };
 use crate::session::Session;
 use crate::tcp;
@@ -49,6 +50,7 @@ impl Target {
             namespaces: ArcSwap::from_pointee(Vec::new()),
             controllers: Mutex::new(Controllers::default()),
             io: IoCounters::default(),
+            ana: Default::default(),
         });
         let admission = millrace_io::admission::Admission::new(
             cfg.max_connections,
@@ -134,6 +136,7 @@ impl Target {
             namespaces: ArcSwap::from_pointee(ns),
             controllers: Mutex::new(Controllers::default()),
             io: IoCounters::default(),
+            ana: Default::default(),
         });
         {
             let mut m = self.inner.subsystems.write();
@@ -226,6 +229,56 @@ impl Target {
         }
     }
 
+    /// Sets the ANA state of group `group` of subsystem `nqn` as seen through the listener of
+    /// `transport` at `listener` (as [`Target::listeners`] names it). Hosts connected through
+    /// that listener get an ANA change notice; I/O there to a group inaccessible, lost or in
+    /// change completes with a path status, so a host's multipath uses another path.
+    pub fn set_ana_state(
+        &self,
+        nqn: &str,
+        transport: Transport,
+        listener: SocketAddr,
+        group: u32,
+        state: AnaState,
+    ) -> Result<(), Error> {
+        let s = self
+            .inner
+            .subsystems
+            .read()
+            .get(nqn)
+            .cloned()
+            .ok_or_else(|| Error::NoSuchSubsystem(nqn.into()))?;
+        let port = (self.inner.ports.lock().iter())
+            .find(|p| p.transport == transport && p.addr == listener)
+            .map(|p| p.id);
+        let Some(port) = port else {
+            let known: Vec<String> = (self.listeners().iter())
+                .map(|(t, a)| format!("{} {a}", t.as_str()))
+                .collect();
+            return Err(Error::Invalid(format!(
+                "the target has no {} listener on {listener}; its listeners are: {}",
+                transport.as_str(),
+                match known.is_empty() {
+                    true => "none".to_string(),
+                    false => known.join(", "),
+                }
+            )));
+        };
+        let groups = s.ana_groups();
+        if !groups.iter().any(|(g, _)| *g == group) {
+            let known: Vec<String> = groups.iter().map(|(g, _)| g.to_string()).collect();
+            return Err(Error::Invalid(format!(
+                "subsystem {nqn} has no namespace in ANA group {group}; its groups are: {}",
+                known.join(", ")
+            )));
+        }
+        if s.ana.set(port, group, state) {
+            tracing::info!(subsystem = %nqn, %listener, group, state = state.as_str(), "ANA state changed");
+            s.ana_changed(port);
+        }
+        Ok(())
+    }
+
     /// The command handling of one new queue of another transport (NVMe/RDMA): connect and
     /// admission, admin and I/O commands. `peer` is the host's address, `local` ours.
     pub fn session(&self, peer: SocketAddr, local: Option<SocketAddr>) -> Session {
@@ -282,6 +335,7 @@ impl Target {
             dev: old.dev.clone(),
             uuid: old.uuid,
             nguid: old.nguid,
+            ana_group: old.ana_group,
         })?);
         s.namespaces.rcu(|cur| {
             cur.iter()
@@ -317,6 +371,9 @@ impl Target {
     }
 
     pub fn subsystems(&self) -> Vec<SubsystemInfo> {
+        let ports: Vec<(u16, Transport, SocketAddr)> = (self.inner.ports.lock().iter())
+            .map(|p| (p.id, p.transport, p.addr))
+            .collect();
         let mut v: Vec<SubsystemInfo> = self
             .inner
             .subsystems
@@ -334,6 +391,7 @@ impl Target {
                         peer: c.peer,
                         io_queues: c.io_qids.lock().len(),
                         transport: c.transport,
+                        listener: ports.iter().find(|p| p.0 == c.port).map(|p| p.2),
                     })
                     .collect();
                 hosts.sort_by_key(|h| h.cntlid);
@@ -349,8 +407,10 @@ impl Target {
                             nsid: n.nsid,
                             size_bytes: n.blocks << n.lba_shift,
                             block_bytes: n.block_bytes(),
+                            ana_group: n.ana_group,
                         })
                         .collect(),
+                    paths: paths_of(s, &ports),
                     allowed_hosts: s.allowed_hosts.read().clone(),
                     allow_any_host: s.allow_any_host,
                     hosts,
@@ -459,6 +519,23 @@ impl Target {
     }
 }
 
+/// Every (listener, ANA group) of a subsystem with the group's state on that path.
+fn paths_of(s: &Subsystem, ports: &[(u16, Transport, SocketAddr)]) -> Vec<PathInfo> {
+    let groups = s.ana_groups();
+    let mut v = Vec::new();
+    for &(id, transport, listener) in ports {
+        for (g, _) in &groups {
+            v.push(PathInfo {
+                transport,
+                listener,
+                ana_group: *g,
+                state: s.ana.state(id, *g),
+            });
+        }
+    }
+    v
+}
+
 /// A connection's place under the target's limits (in total and per source address), given
 /// back when the connection ends, on whichever thread that is. The open count in `stats` is
 /// read from the admission, so it cannot drift from the places held.
@@ -490,6 +567,9 @@ pub struct ListenerGuard {
 impl Drop for ListenerGuard {
     fn drop(&mut self) {
         self.t.ports.lock().retain(|p| p.id != self.id);
+        for s in self.t.subsystems.read().values() {
+            s.ana.forget_port(self.id);
+        }
         self.t.discovery_changed();
     }
 }

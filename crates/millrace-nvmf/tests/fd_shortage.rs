@@ -50,6 +50,7 @@ fn running_out_of_descriptors_does_not_stop_the_accept_loop() {
             dev: Arc::new(MemBlockDevice::new(8 << 20)),
             uuid: [5; 16],
             nguid: [5; 16],
+            ana_group: 0,
         }],
         allowed_hosts: vec![],
         allow_any_host: true,

@@ -48,6 +48,7 @@ fn target(bufs: &BufPool) -> Target {
             dev: Arc::new(MemBlockDevice::new(64 << 20)),
             uuid: [5; 16],
             nguid: [5; 16],
+            ana_group: 0,
         }],
         allowed_hosts: vec![STALLED.into(), HEALTHY.into()],
         allow_any_host: false,

@@ -62,6 +62,7 @@ async fn target(cfg: TargetConfig) -> (Target, SocketAddr) {
                 dev: Arc::new(MemBlockDevice::new(8 << 20)),
                 uuid: [7; 16],
                 nguid: [7; 16],
+                ana_group: 0,
             }],
             allowed_hosts: vec![HOST.into()],
             allow_any_host: any,

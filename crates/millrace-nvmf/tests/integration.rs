@@ -31,6 +31,7 @@ async fn setup_with(cfg: TargetConfig) -> Setup {
             dev: dev.clone(),
             uuid: [0x11; 16],
             nguid: [0x22; 16],
+            ana_group: 0,
         }],
         allowed_hosts: vec![HOST.into()],
         allow_any_host: false,
@@ -619,6 +620,7 @@ async fn namespace_changes_raise_an_async_event_and_removal_drops_hosts() {
             dev: Arc::new(MemBlockDevice::new(1 << 20)),
             uuid: [3; 16],
             nguid: [4; 16],
+            ana_group: 0,
         },
     )
     .unwrap();
@@ -707,6 +709,7 @@ async fn namespace_reports_strip_and_full_stripe_as_md_does() {
             dev: Arc::new(Striped(MemBlockDevice::new(SIZE))),
             uuid: [0x11; 16],
             nguid: [0x22; 16],
+            ana_group: 0,
         }],
         allowed_hosts: vec![HOST.into()],
         allow_any_host: false,

@@ -192,6 +192,7 @@ fn thousands_of_concurrent_ios_stay_within_a_small_pool() {
             dev,
             uuid: [3; 16],
             nguid: [3; 16],
+            ana_group: 0,
         }],
         allowed_hosts: vec![HOST.into()],
         allow_any_host: false,

@@ -77,6 +77,7 @@ async fn target(granule: u64, hold: Duration) -> (Arc<Recording>, SocketAddr) {
             dev: dev.clone(),
             uuid: [3; 16],
             nguid: [3; 16],
+            ana_group: 0,
         }],
         allowed_hosts: vec![],
         allow_any_host: true,

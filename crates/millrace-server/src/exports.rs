@@ -7,7 +7,9 @@ use millrace_block::BlockDevice;
 use millrace_volume::VolumeInfo;
 
 use crate::error::ApiError;
-use crate::model::{ExportsView, NbdExportView, NvmeConnection, NvmeExportView};
+use crate::model::{
+    AnaRequest, ExportsView, NbdExportView, NvmeConnection, NvmeExportView, NvmePath,
+};
 use crate::props::{
     check_nqn, default_nqn, NbdExportConfig, NvmeExportConfig, NBD_PROP, NVME_PROP, SHARE_PROP,
 };
@@ -54,6 +56,7 @@ impl State {
                     dev,
                     uuid: uuid_bytes(v),
                     nguid: uuid_bytes(v),
+                    ana_group: c.ana_group,
                 }],
                 allowed_hosts: c.hosts.clone(),
                 allow_any_host: c.allow_any_host,
@@ -156,8 +159,16 @@ impl State {
         nqn: Option<String>,
         hosts: Vec<String>,
         allow_any_host: bool,
+        ana_group: Option<u32>,
     ) -> Result<NvmeExportConfig, ApiError> {
         let (e, v) = self.volume(pool, vol)?;
+        let ana_group = ana_group.unwrap_or(1);
+        if !(1..=millrace_nvmf::ANA_GROUP_MAX).contains(&ana_group) {
+            return Err(ApiError::bad_request(format!(
+                "ANA group {ana_group} is out of range; give --ana-group 1 to {}",
+                millrace_nvmf::ANA_GROUP_MAX
+            )));
+        }
         if v.props.contains_key(NVME_PROP) {
             return Err(ApiError::conflict(format!(
                 "volume {pool}/{vol} is already exported over NVMe/TCP; remove that export first to change it"
@@ -182,6 +193,7 @@ impl State {
             nqn,
             hosts,
             allow_any_host,
+            ana_group,
         };
         if self.serving {
             self.start_nvme(pool, &e, &v, &c)?;
@@ -283,6 +295,53 @@ impl State {
         Ok(c)
     }
 
+    /// Sets the ANA state of an NVMe export's group on one path (listener); hosts connected
+    /// through it are told at once. Held by the running server only: a restart makes every
+    /// path optimized again.
+    pub fn set_nvme_ana(
+        &self,
+        pool: &str,
+        vol: &str,
+        r: &AnaRequest,
+    ) -> Result<NvmeExportView, ApiError> {
+        let (_, v) = self.volume(pool, vol)?;
+        let c: NvmeExportConfig = (v.props.get(NVME_PROP))
+            .and_then(|c| serde_json::from_str(c).ok())
+            .ok_or_else(|| {
+                ApiError::not_found(format!(
+                    "volume {pool}/{vol} is not exported over NVMe/TCP; export it first (`millrace export nvme add {pool}/{vol} --host NQN`)"
+                ))
+            })?;
+        let state: millrace_nvmf::AnaState = r.state.parse().map_err(ApiError::bad_request)?;
+        let transport = match r.transport.as_deref().unwrap_or("tcp") {
+            "tcp" => millrace_nvmf::Transport::Tcp,
+            "rdma" => millrace_nvmf::Transport::Rdma,
+            t => {
+                return Err(ApiError::bad_request(format!(
+                    "'{t}' is not an NVMe transport; use tcp or rdma"
+                )))
+            }
+        };
+        let listener: std::net::SocketAddr = r.listener.trim().parse().map_err(|_| {
+            ApiError::bad_request(format!(
+                "'{}' is not a listener address; write it as ADDR:PORT, as `millrace export list` shows the export's paths",
+                r.listener
+            ))
+        })?;
+        if !self.serving {
+            return Err(ApiError::conflict(
+                "ANA states are held by the running server; start `millrace serve` first"
+                    .to_string(),
+            ));
+        }
+        (self.nvmf)
+            .set_ana_state(&c.nqn, transport, listener, c.ana_group, state)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let subs = self.nvmf.subsystems();
+        let live = subs.iter().find(|s| s.nqn == c.nqn);
+        Ok(nvme_view(pool, vol, c, live, true))
+    }
+
     pub fn add_nbd_export(
         &self,
         pool: &str,
@@ -374,27 +433,8 @@ impl State {
                     .and_then(|c| serde_json::from_str::<NvmeExportConfig>(c).ok())
                 {
                     let live = subs.iter().find(|s| s.nqn == c.nqn);
-                    let connections = live
-                        .map(|s| {
-                            (s.hosts.iter())
-                                .map(|h| NvmeConnection {
-                                    host: h.hostnqn.clone(),
-                                    peer: h.peer.to_string(),
-                                    io_queues: h.io_queues,
-                                    transport: h.transport.as_str().to_string(),
-                                })
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    view.nvme.push(NvmeExportView {
-                        pool: pool.clone(),
-                        volume: v.name.clone(),
-                        nqn: c.nqn,
-                        hosts: c.hosts,
-                        allow_any_host: c.allow_any_host,
-                        serving: live.is_some() && listening,
-                        connections,
-                    });
+                    view.nvme
+                        .push(nvme_view(&pool, &v.name, c, live, listening));
                 }
                 if let Some(c) = v
                     .props
@@ -417,6 +457,44 @@ impl State {
             }
         }
         view
+    }
+}
+
+/// An NVMe export as the API shows it: its settings, and when live its connections and paths.
+fn nvme_view(
+    pool: &str,
+    vol: &str,
+    c: NvmeExportConfig,
+    live: Option<&millrace_nvmf::SubsystemInfo>,
+    listening: bool,
+) -> NvmeExportView {
+    let connections = (live.iter().flat_map(|s| s.hosts.iter()))
+        .map(|h| NvmeConnection {
+            host: h.hostnqn.clone(),
+            peer: h.peer.to_string(),
+            io_queues: h.io_queues,
+            transport: h.transport.as_str().to_string(),
+            listener: h.listener.map(|a| a.to_string()),
+        })
+        .collect();
+    let paths = (live.iter().flat_map(|s| s.paths.iter()))
+        .filter(|p| p.ana_group == c.ana_group)
+        .map(|p| NvmePath {
+            transport: p.transport.as_str().to_string(),
+            listener: p.listener.to_string(),
+            state: p.state.as_str().to_string(),
+        })
+        .collect();
+    NvmeExportView {
+        pool: pool.to_string(),
+        volume: vol.to_string(),
+        nqn: c.nqn,
+        hosts: c.hosts,
+        allow_any_host: c.allow_any_host,
+        serving: live.is_some() && listening,
+        connections,
+        ana_group: c.ana_group,
+        paths,
     }
 }
 

@@ -48,8 +48,9 @@ pub use state::State;
 pub struct ServeConfig {
     pub home: PathBuf,
     pub api: SocketAddr,
-    /// The NVMe/TCP I/O port; `None` serves no NVMe/TCP.
-    pub nvme: Option<SocketAddr>,
+    /// The NVMe/TCP I/O listeners, each a path to every subsystem (`--nvme`, repeatable);
+    /// none serves no NVMe/TCP.
+    pub nvme: Vec<SocketAddr>,
     pub discovery_port: Option<u16>,
     /// NVMe/RDMA listeners (`--nvme-rdma`); one that cannot start is reported and skipped.
     pub nvme_rdma: Vec<SocketAddr>,
@@ -209,8 +210,8 @@ async fn serve_opened(
 /// before it touches a pool) and listening only once the server is ready.
 struct Ports {
     api: socket2::Socket,
-    nvme: Option<socket2::Socket>,
-    discovery: Option<socket2::Socket>,
+    nvme: Vec<socket2::Socket>,
+    discovery: Vec<socket2::Socket>,
     nbd_tcp: Option<socket2::Socket>,
     nbd_unix: socket2::Socket,
 }
@@ -218,8 +219,8 @@ struct Ports {
 /// The same listeners, answering.
 struct Listening {
     api: tokio::net::TcpListener,
-    nvme: Option<tokio::net::TcpListener>,
-    discovery: Option<tokio::net::TcpListener>,
+    nvme: Vec<tokio::net::TcpListener>,
+    discovery: Vec<tokio::net::TcpListener>,
     nbd_tcp: Option<tokio::net::TcpListener>,
     nbd_unix: tokio::net::UnixListener,
 }
@@ -254,8 +255,8 @@ impl Ports {
         };
         Ok(Listening {
             api: listen_tcp(self.api)?,
-            nvme: self.nvme.map(listen_tcp).transpose()?,
-            discovery: self.discovery.map(listen_tcp).transpose()?,
+            nvme: (self.nvme.into_iter().map(listen_tcp)).collect::<Result<_>>()?,
+            discovery: (self.discovery.into_iter().map(listen_tcp)).collect::<Result<_>>()?,
             nbd_tcp: self.nbd_tcp.map(listen_tcp).transpose()?,
             nbd_unix,
         })
@@ -264,11 +265,17 @@ impl Ports {
 
 fn bind_ports(cfg: &ServeConfig) -> Result<Ports> {
     let api = bind_tcp(cfg.api, "the API")?;
-    let (mut nvme, mut discovery) = (None, None);
-    if let Some(addr) = cfg.nvme {
-        nvme = Some(bind_tcp(addr, "NVMe/TCP")?);
-        if let Some(p) = cfg.discovery_port {
-            discovery = Some(bind_tcp(SocketAddr::new(addr.ip(), p), "NVMe discovery")?);
+    let mut nvme = Vec::new();
+    for (i, &addr) in cfg.nvme.iter().enumerate() {
+        if addr.port() != 0 && cfg.nvme[..i].contains(&addr) {
+            bail!("--nvme {addr} is given twice; name each listener once");
+        }
+        nvme.push(bind_tcp(addr, "NVMe/TCP")?);
+    }
+    let mut discovery = Vec::new();
+    if let Some(p) = cfg.discovery_port {
+        for ip in discovery_ips(&cfg.nvme) {
+            discovery.push(bind_tcp(SocketAddr::new(ip, p), "NVMe discovery")?);
         }
     }
     let nbd_tcp = cfg.nbd_listen.map(|a| bind_tcp(a, "NBD")).transpose()?;
@@ -288,6 +295,26 @@ fn bind_ports(cfg: &ServeConfig) -> Result<Ports> {
         nbd_tcp,
         nbd_unix,
     })
+}
+
+/// The addresses the discovery port listens on: each NVMe/TCP listener's, once, and none
+/// beside an any-address of its family (which covers them).
+fn discovery_ips(nvme: &[SocketAddr]) -> Vec<std::net::IpAddr> {
+    let mut ips: Vec<std::net::IpAddr> = Vec::new();
+    for a in nvme {
+        let ip = a.ip();
+        let covered = ips
+            .iter()
+            .any(|i| *i == ip || (i.is_unspecified() && i.is_ipv4() == ip.is_ipv4()));
+        if covered {
+            continue;
+        }
+        if ip.is_unspecified() {
+            ips.retain(|i| i.is_ipv4() != ip.is_ipv4());
+        }
+        ips.push(ip);
+    }
+    ips
 }
 
 fn check_config(cfg: &ServeConfig) -> Result<()> {
@@ -354,27 +381,27 @@ async fn load_tls(cfg: &ServeConfig) -> Result<Option<Arc<rustls::ServerConfig>>
     Ok(Some(Arc::new(c)))
 }
 
-/// Serves NVMe/TCP and its discovery port on their bound listeners; returns where NVMe/TCP
-/// listens (port 0 in the config picks a free port).
+/// Serves NVMe/TCP on each bound listener (each a path to every subsystem) and the discovery
+/// ports; returns where NVMe/TCP listens (port 0 in the config picks a free port).
 fn start_nvme(
     state: &Arc<State>,
-    nvme: Option<tokio::net::TcpListener>,
-    discovery: Option<tokio::net::TcpListener>,
-) -> Result<Option<SocketAddr>> {
-    let Some(l) = nvme else {
-        return Ok(None);
-    };
-    let at = l.local_addr()?;
-    state
-        .nvme_listening
-        .store(true, std::sync::atomic::Ordering::Relaxed);
-    let t = state.nvmf.clone();
-    tokio::spawn(async move { t.serve(l).await });
-    if let Some(l) = discovery {
+    nvme: Vec<tokio::net::TcpListener>,
+    discovery: Vec<tokio::net::TcpListener>,
+) -> Result<Vec<SocketAddr>> {
+    let mut at = Vec::new();
+    for l in nvme {
+        at.push(l.local_addr()?);
+        state
+            .nvme_listening
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let t = state.nvmf.clone();
+        tokio::spawn(async move { t.serve(l).await });
+    }
+    for l in discovery {
         let t = state.nvmf.clone();
         tokio::spawn(async move { t.serve_discovery(l).await });
     }
-    Ok(Some(at))
+    Ok(at)
 }
 
 /// NBD on TCP when asked and on the home's Unix socket always; returns the socket's path.
@@ -416,18 +443,20 @@ fn announce(
     cfg: &ServeConfig,
     scheme: &str,
     api_addr: SocketAddr,
-    nvme_at: Option<SocketAddr>,
+    nvme_at: Vec<SocketAddr>,
     rdma_at: &str,
     sock: &std::path::Path,
 ) {
-    let nvme = nvme_at
-        .map(|a| {
+    let nvme = match nvme_at.is_empty() {
+        true => "off".to_string(),
+        false => {
             let discovery = (cfg.discovery_port)
                 .map(|p| p.to_string())
                 .unwrap_or("off".into());
-            format!("{a} (discovery {discovery})")
-        })
-        .unwrap_or("off".into());
+            let at: Vec<String> = nvme_at.iter().map(|a| a.to_string()).collect();
+            format!("{} (discovery {discovery})", at.join(" and "))
+        }
+    };
     eprintln!(
         "millrace serve: API on {scheme}://{api_addr}{}, NVMe/TCP on {nvme}{rdma_at}, NBD on {}{}",
         if cfg.token.is_some() {

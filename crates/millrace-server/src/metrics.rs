@@ -310,6 +310,37 @@ fn register_exports(reg: &mut Registry, state: &State) {
         refused.get_or_create(&l).inc_by(refused_n);
     }
     register_nvme_rdma(reg, state, &conns, &opened, &refused);
+    register_ana(reg, state);
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AnaL {
+    subsystem: String,
+    transport: String,
+    listener: String,
+    group: String,
+    state: String,
+}
+
+/// Each path's ANA state per subsystem and group: 1 for the state it is in.
+fn register_ana(reg: &mut Registry, state: &State) {
+    let ana: Family<AnaL, Gauge> = family(
+        reg,
+        "millrace_nvme_ana_state",
+        "The ANA state of each NVMe-oF path (listener) to each ANA group of a subsystem: 1 for the state it is in",
+    );
+    for s in state.nvmf.subsystems() {
+        for p in &s.paths {
+            let l = AnaL {
+                subsystem: s.nqn.clone(),
+                transport: p.transport.as_str().into(),
+                listener: p.listener.to_string(),
+                group: p.ana_group.to_string(),
+                state: p.state.as_str().into(),
+            };
+            ana.get_or_create(&l).set(1);
+        }
+    }
 }
 
 /// NVMe/RDMA: queues (RDMA connections) of every listener; refusals, by the transport and by

@@ -241,6 +241,16 @@ pub struct NvmeExportView {
     /// The subsystem is live and the NVMe/TCP port listens.
     pub serving: bool,
     pub connections: Vec<NvmeConnection>,
+    /// The namespace's ANA group.
+    #[serde(default = "one")]
+    pub ana_group: u32,
+    /// Each path (listener) to the export, with its ANA state (empty while not serving).
+    #[serde(default)]
+    pub paths: Vec<NvmePath>,
+}
+
+fn one() -> u32 {
+    1
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
@@ -250,6 +260,32 @@ pub struct NvmeConnection {
     pub io_queues: usize,
     /// tcp or rdma.
     pub transport: String,
+    /// The listener (ADDR:PORT) the host connected through: its path.
+    #[serde(default)]
+    pub listener: Option<String>,
+}
+
+/// One path to an NVMe export: a listener, and the ANA state of the export's group there.
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct NvmePath {
+    /// tcp or rdma.
+    pub transport: String,
+    /// ADDR:PORT, as `millrace serve --nvme` (or `--nvme-rdma`) listens.
+    pub listener: String,
+    /// optimized, non-optimized, inaccessible, persistent-loss or change.
+    pub state: String,
+}
+
+/// Sets the ANA state of an NVMe export's group on one path.
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct AnaRequest {
+    /// The listener (ADDR:PORT) whose state changes, as `export list` shows it.
+    pub listener: String,
+    /// tcp (the default) or rdma.
+    #[serde(default)]
+    pub transport: Option<String>,
+    /// optimized, non-optimized, inaccessible, persistent-loss or change.
+    pub state: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
@@ -279,6 +315,9 @@ pub struct NvmeExportRequest {
     pub hosts: Vec<String>,
     #[serde(default)]
     pub allow_any_host: bool,
+    /// The namespace's ANA group, 1 to 128 (default 1).
+    #[serde(default)]
+    pub ana_group: Option<u32>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]

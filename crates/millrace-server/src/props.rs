@@ -24,6 +24,14 @@ pub struct NvmeExportConfig {
     /// Any host may connect: explicit, never the default.
     #[serde(default)]
     pub allow_any_host: bool,
+    /// The namespace's ANA group (1 unless `--ana-group` said otherwise); hosts' multipath
+    /// reads each path's state of it.
+    #[serde(default = "first_ana_group")]
+    pub ana_group: u32,
+}
+
+fn first_ana_group() -> u32 {
+    1
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, utoipa::ToSchema)]

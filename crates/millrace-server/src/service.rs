@@ -164,7 +164,12 @@ pub fn add_nvme(s: &Arc<State>, req: NvmeExportRequest) -> R<NvmeExportConfig> {
         req.nqn,
         req.hosts,
         req.allow_any_host,
+        req.ana_group,
     )
+}
+
+pub fn set_nvme_ana(s: &Arc<State>, pool: &str, vol: &str, req: AnaRequest) -> R<NvmeExportView> {
+    s.set_nvme_ana(pool, vol, &req)
 }
 
 pub fn remove_nvme(s: &Arc<State>, pool: &str, vol: &str) -> R<Removed> {

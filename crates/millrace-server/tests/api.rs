@@ -47,7 +47,7 @@ fn start_rdma(
     let home = dir.path().join("home");
     let url = common::spawn(
         millrace_server::ServeConfig {
-            nvme,
+            nvme: nvme.into_iter().collect(),
             nvme_rdma,
             token: token.map(str::to_string),
             tls,

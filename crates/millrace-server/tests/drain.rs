@@ -49,7 +49,7 @@ fn sigterm_during_heavy_writes_loses_nothing_and_leaves_the_pool_clean() {
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path().join("home");
     let cfg = millrace_server::ServeConfig {
-        nvme: Some("127.0.0.1:0".parse().unwrap()),
+        nvme: vec!["127.0.0.1:0".parse().unwrap()],
         ..common::config(&home)
     };
     let server = std::thread::spawn(move || {

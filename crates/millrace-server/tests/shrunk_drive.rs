@@ -53,7 +53,7 @@ fn a_drive_truncated_under_lent_reads_is_failed_and_its_data_served_by_parity() 
     let home = dir.path().join("home");
     let url = common::spawn(
         millrace_server::ServeConfig {
-            nvme: Some("127.0.0.1:0".parse().unwrap()),
+            nvme: vec!["127.0.0.1:0".parse().unwrap()],
             ..common::config(&home)
         },
         None,

@@ -23,6 +23,7 @@ pub(super) fn routes(r: OpenApiRouter<Arc<State>>) -> OpenApiRouter<Arc<State>> 
         .routes(routes!(add_nvme))
         .routes(routes!(remove_nvme))
         .routes(routes!(add_nvme_host, remove_nvme_host))
+        .routes(routes!(set_nvme_ana))
         .routes(routes!(add_nbd))
         .routes(routes!(remove_nbd))
         .routes(routes!(shares, create_share))
@@ -79,6 +80,22 @@ async fn remove_nvme_host(
     P((p, v, h)): P<(String, String, String)>,
 ) -> R<NvmeExportConfig> {
     blocking(move || service::remove_nvme_host(&s, &p, &v, &h))
+        .await
+        .map(Json)
+}
+
+/// Set the ANA state of a volume's NVMe export on one path (listener): hosts connected through
+/// it are told, and their multipath sends I/O to the optimized paths (none to an inaccessible one)
+#[utoipa::path(put, path = "/api/v1/exports/nvme/{pool}/{vol}/ana", tag = "exports",
+    params(("pool" = String, Path), ("vol" = String, Path)),
+    request_body = AnaRequest,
+    responses((status = 200, description = "The export with its paths", body = NvmeExportView)))]
+async fn set_nvme_ana(
+    AxState(s): S,
+    P((p, v)): P<(String, String)>,
+    Body(r): Body<AnaRequest>,
+) -> R<NvmeExportView> {
+    blocking(move || service::set_nvme_ana(&s, &p, &v, r))
         .await
         .map(Json)
 }

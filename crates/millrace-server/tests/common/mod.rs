@@ -20,7 +20,7 @@ pub fn config(home: &Path) -> ServeConfig {
     ServeConfig {
         home: home.to_path_buf(),
         api: "127.0.0.1:0".parse().unwrap(),
-        nvme: None,
+        nvme: Vec::new(),
         discovery_port: None,
         nvme_rdma: Vec::new(),
         nbd_listen: None,
