@@ -96,9 +96,14 @@ timed() {
         sample_workers "$pid" "$tmp/wq" &
     fi
     watcher=$!
-    t0=$(cpu_ticks "$pid"); s0=$(ctx_switches "$pid")
+    local c0 c1 b0 a0 b1 a1 others
+    t0=$(cpu_ticks "$pid"); s0=$(ctx_switches "$pid"); c0=$(cpu_stat 0)
     read -r r n < <("$@")
-    t1=$(cpu_ticks "$pid"); s1=$(ctx_switches "$pid")
+    t1=$(cpu_ticks "$pid"); s1=$(ctx_switches "$pid"); c1=$(cpu_stat 0)
+    read -r b0 a0 <<<"$c0"; read -r b1 a1 <<<"$c1"
+    # What else ran on CPU 0 (the server's core) meanwhile: the loop devices' kernel workers and
+    # anything else on the machine.
+    others=$(awk -v b=$((b1 - b0)) -v a=$((a1 - a0)) -v t=$((t1 - t0)) 'BEGIN { o = 100 * (b - t) / a; if (o < 0) o = 0; printf "%.0f", o }')
     kill -INT "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null || true
     iops[$key]=$r
     cpu[$key]=$(us_per_io "$t0" "$t1" "$n")
@@ -108,7 +113,7 @@ timed() {
     else
         wq[$key]="workers $(cat "$tmp/wq")"
     fi
-    echo "  $key: $r IOPS, ${cpu[$key]} us CPU/I/O, ${ctx[$key]} context switches/I/O, io-wq punts/I/O ${wq[$key]}" >&2
+    echo "  $key: $r IOPS, ${cpu[$key]} us CPU/I/O, ${ctx[$key]} context switches/I/O, io-wq punts/I/O ${wq[$key]}; others on CPU 0: ${others}%" >&2
 }
 
 nvme_rows=("randread 4096 64" "randwrite 4096 64" "read 131072 16" "write 131072 16")
