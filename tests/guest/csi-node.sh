@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
+# run-in-guest: --disk 512M --disk 512M --disk 512M
 # Runs inside the guest (tests/guest/run-in-guest): the CSI driver's node service for real.
-# `millrace serve` with a RAID5 pool of drive files, the driver and csi-sanity all in the guest,
+# `millrace serve` with a RAID5 pool on three virtio disks (1 GiB for volumes: the driver's
+# guest test grows one to 768 MiB), the driver and csi-sanity all in the guest,
 # so NodeStage connects over NVMe/TCP with the kernel initiator (nvme-cli) and finds the
 # namespace by its UUID. csi-sanity's Node suite with raw block volumes; then the driver's guest
 # test, where NodeStage makes xfs on a blank volume and mounts it: a file written through one
@@ -36,9 +38,11 @@ cleanup() {
 trap cleanup EXIT
 modprobe -a nvme-tcp xfs || fail "cannot load nvme-tcp / xfs"
 
-mkdir -p "$work/drives"
-"$DIR/millrace" pool create tank --level raid5 --strip 64k --create 3G "$work"/drives/d{0..2}.img \
-  > "$work/pool.out" 2>&1 || { cat "$work/pool.out"; fail "millrace pool create"; }
+# The pool's drives: the runner's virtio disks (this script's `# run-in-guest:` line).
+read -ra drives <<< "${RUN_IN_GUEST_DISKS:-}"
+((${#drives[@]} == 3)) || fail "expected the runner's 3 virtio disks, RUN_IN_GUEST_DISKS is '${RUN_IN_GUEST_DISKS:-}'"
+"$DIR/millrace" pool create tank --level raid5 --strip 64k "${drives[@]}" \
+  > "$work/pool.out" 2>&1 || { cat "$work/pool.out"; fail "millrace pool create on ${drives[*]}"; }
 "$DIR/millrace" serve --api 127.0.0.1:0 --nvme 127.0.0.1:0 --discovery-port 0 >> "$work/server.log" 2>&1 &
 spid=$!
 for _ in $(seq 300); do
@@ -48,7 +52,7 @@ for _ in $(seq 300); do
 done
 url=$(sed -n 's/.*"url": *"\([^"]*\)".*/\1/p' "$MILLRACE_HOME/server.json")
 [[ -n $url ]] || fail "millrace serve did not start"
-step "millrace serve at $url, pool tank (raid5, 3 drives)"
+step "millrace serve at $url, pool tank (raid5 on ${drives[*]})"
 
 sock=$work/csi.sock
 "$DIR/millrace-csi" --endpoint "unix://$sock" --mode all --node-id "$NODE" --server "$url" > "$work/csi.log" 2>&1 &

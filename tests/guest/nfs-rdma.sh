@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
+# run-in-guest: --disk 128M --disk 128M --disk 128M --disk 128M --disk 128M --disk 128M
 # Runs inside the guest (tests/guest/run-in-guest). Proves NFS over RDMA for Millrace's shares
-# on soft-RoCE: the kernel NFS server is started first, without RDMA (the case where Millrace
+# (their pool a RAID6 on six virtio disks) on soft-RoCE: the kernel NFS server is started first, without RDMA (the case where Millrace
 # finds nfsd running and must still add the RDMA listener); `millrace share create` turns on
 # nfsd's RDMA listener (port 20049) and `share list` says so; the guest's NFS client mounts the
 # share with proto=rdma,port=20049 as vers=3 and vers=4.2, writes files through both, and they
@@ -54,7 +55,10 @@ rpc.nfsd -V 3 -V 4.2 4 || fail "cannot start nfsd"
 grep -q rdma /proc/fs/nfsd/portlist && fail "nfsd listens for RDMA before Millrace asked"
 step "nfsd running with TCP only: $(tr '\n' ' ' < /proc/fs/nfsd/portlist)"
 
-"$M" pool create tank --level raid6 --strip 64k --create 128M "$work"/d{0..5}.img > /dev/null || fail "pool create"
+# The pool's drives: the runner's virtio disks (this script's `# run-in-guest:` line).
+read -ra drives <<< "${RUN_IN_GUEST_DISKS:-}"
+((${#drives[@]} == 6)) || fail "expected the runner's 6 virtio disks, RUN_IN_GUEST_DISKS is '${RUN_IN_GUEST_DISKS:-}'"
+"$M" pool create tank --level raid6 --strip 64k "${drives[@]}" > "$work/pool.out" 2>&1 || { cat "$work/pool.out"; fail "pool create on ${drives[*]}"; }
 serve() {
   rm -f "$MILLRACE_HOME/server.json"
   "$M" serve --api 127.0.0.1:8740 --no-nvme >> "$work/serve.log" 2>&1 &

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
+# run-in-guest: --disk 128M --disk 128M --disk 128M --disk 128M --disk 128M --disk 128M
 # Runs inside the guest (tests/guest/run-in-guest). Proves `millrace share` end to end with the
-# stock kernel: a share (volume -> kernel NBD client on the share's Unix socket -> XFS -> kernel
-# NFS server) mounted by the guest's own NFS client over loopback with vers=3 and vers=4.2; a
+# stock kernel: a share (volume of a RAID6 pool on six virtio disks -> kernel NBD client on the
+# share's Unix socket -> XFS -> kernel NFS server) mounted by the guest's own NFS client over loopback with vers=3 and vers=4.2; a
 # dataset of small and large files whose checksums match; a drive failed while it is read, with
 # no client error; `millrace serve` restarted (shares taken down cleanly and rebuilt); the drives
 # imported into another running server (the share comes back with the import); a client
@@ -67,7 +68,10 @@ V4PATH=/millrace/tank/data
 mountpoint -q /proc/fs/nfsd || mount -t nfsd nfsd /proc/fs/nfsd
 echo 10 > /proc/fs/nfsd/nfsv4gracetime; echo 10 > /proc/fs/nfsd/nfsv4leasetime
 
-"$M" pool create tank --level raid6 --strip 64k --create 128M "$work"/d{0..5}.img > /dev/null || fail "pool create"
+# The pool's drives: the runner's virtio disks (this script's `# run-in-guest:` line).
+read -ra drives <<< "${RUN_IN_GUEST_DISKS:-}"
+((${#drives[@]} == 6)) || fail "expected the runner's 6 virtio disks, RUN_IN_GUEST_DISKS is '${RUN_IN_GUEST_DISKS:-}'"
+"$M" pool create tank --level raid6 --strip 64k "${drives[@]}" > "$work/pool.out" 2>&1 || { cat "$work/pool.out"; fail "pool create on ${drives[*]}"; }
 serve
 # The server's threads are I/O flushers (PF_MEMALLOC_NOIO, 0x80000): writeback through the
 # kernel NBD client cannot deadlock on their allocations.
@@ -125,13 +129,13 @@ echo 3 > /proc/sys/vm/drop_caches
 ( sums "$work/m3" > "$work/sums.fail3" ) & r3=$!
 ( sums "$work/m4" > "$work/sums.fail4" ) & r4=$!
 sleep 1
-"$M" pool fail tank "$work/d2.img" || fail "pool fail"
+"$M" pool fail tank "${drives[2]}" || fail "pool fail tank ${drives[2]}"
 wait "$r3" || fail "a read over NFSv3 failed while a drive failed"
 wait "$r4" || fail "a read over NFSv4.2 failed while a drive failed"
 cmp -s "$work/sums.src" "$work/sums.fail3" || fail "checksums differ over NFSv3 across the drive failure"
 cmp -s "$work/sums.src" "$work/sums.fail4" || fail "checksums differ over NFSv4.2 across the drive failure"
 "$M" pool show tank --json | grep '"degraded' >/dev/null || fail "the pool is not degraded after the failure"
-step "drive d2 failed during the reads: no client error, checksums match, pool degraded"
+step "drive ${drives[2]} failed during the reads: no client error, checksums match, pool degraded"
 
 # Restart: a clean stop takes the share down (unexport, unmount, detach) even while clients
 # keep it mounted (nfsd holds it then; the server restarts nfsd's threads to let go), and start
@@ -166,7 +170,7 @@ export MILLRACE_HOME=$work/home2
 serve
 [[ $("$M" pool list --json | python3 -c 'import json,sys; d=json.load(sys.stdin); print(len(d["pools"] if isinstance(d, dict) else d))') == 0 ]] \
   || fail "the second server already knows a pool before the import"
-"$M" pool import "$work"/d{0..5}.img > "$work/import.out" 2>&1 || { cat "$work/import.out"; fail "pool import into the running server"; }
+"$M" pool import "${drives[@]}" > "$work/import.out" 2>&1 || { cat "$work/import.out"; fail "pool import into the running server"; }
 "$M" share list > "$work/list2.out" || fail "share list after the import"
 grep -q "exported" "$work/list2.out" || { cat "$work/import.out" "$work/list2.out"; fail "the share did not come back with the import"; }
 mount_both

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
+# run-in-guest: --disk 64M --disk 64M --disk 64M --disk 64M
 # Runs inside the guest (tests/guest/run-in-guest). Proves `millrace serve --nvme-rdma` (Millrace's
 # own user-space NVMe/RDMA target, crates/millrace-nvmf-rdma over the target's sessions) against
-# the stock Linux initiator on soft-RoCE: a RAID5 pool of drive files, a volume exported to one
-# host NQN; `nvme discover -t rdma` lists the subsystem once per transport (RDMA and TCP);
+# the stock Linux initiator on soft-RoCE: a RAID5 pool on four virtio disks, a volume exported to
+# one host NQN; `nvme discover -t rdma` lists the subsystem once per transport (RDMA and TCP);
 # `nvme connect -t rdma` gives the namespace with several I/O queues; status and the API count
 # the host under RDMA; fio with crc32c verify (random 4K-256K, two jobs) while a drive is failed
 # with `millrace pool fail`, invisible to the host; disconnect, reconnect, data intact; a host that
@@ -46,11 +47,11 @@ soft_roce_up || fail "$SOFT_ROCE_WHY, so NVMe/RDMA cannot be tested here"
 modprobe nvme-rdma || fail "this kernel lacks nvme-rdma"
 step "soft-RoCE up ($RDMA_DEV on mr0, $RDMA_ADDR), nvme-rdma loaded"
 
-drives=()
-for i in 0 1 2 3; do drives+=("$work/drives/d$i.img"); done
-mkdir -p "$work/drives"
-"$MR" pool create tank --level raid5 --strip 64k --create 64M "${drives[@]}" > "$work/pool.out" 2>&1 \
-  || { cat "$work/pool.out"; fail "millrace pool create"; }
+# The pool's drives: the runner's virtio disks (this script's `# run-in-guest:` line).
+read -ra drives <<< "${RUN_IN_GUEST_DISKS:-}"
+((${#drives[@]} == 4)) || fail "expected the runner's 4 virtio disks, RUN_IN_GUEST_DISKS is '${RUN_IN_GUEST_DISKS:-}'"
+"$MR" pool create tank --level raid5 --strip 64k "${drives[@]}" > "$work/pool.out" 2>&1 \
+  || { cat "$work/pool.out"; fail "millrace pool create on ${drives[*]}"; }
 "$MR" volume create tank/scratch --size 96M > /dev/null || fail "millrace volume create"
 step "pool tank (raid5, 4 drives), volume tank/scratch"
 
