@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
+# run-in-guest: --disk 96M --disk 96M --disk 96M
 # Runs inside the guest (tests/guest/run-in-guest). Proves NVMe/TCP multipath and ANA against the
-# stock Linux initiator with native multipath: `millrace serve` with two listeners (127.0.0.1:4420
+# stock Linux initiator with native multipath: a RAID5 pool on three virtio disks the runner
+# attaches, `millrace serve` with two listeners (127.0.0.1:4420
 # and :4421), discovery listing both, `nvme connect` to each, one multipath block device with two
 # optimized paths; fio writing with crc32c verification while (a) one path's ANA state goes
 # inaccessible (the kernel moves I/O to the other path) and back to optimized, and (b) one path's
@@ -40,10 +42,10 @@ modprobe nvme-tcp || fail "cannot load nvme-tcp"
 [[ $(cat /sys/module/nvme_core/parameters/multipath) == Y ]] \
   || fail "the guest kernel's native NVMe multipath is off (nvme_core.multipath=N); this test needs it"
 
-drives=()
-for i in 0 1 2; do drives+=("$work/drives/d$i.img"); done
-mkdir -p "$work/drives"
-"$MR" pool create tank --level raid5 --strip 64k --create 96M "${drives[@]}" > "$work/pool.out" 2>&1 \
+# The disks the runner attached (this script's `# run-in-guest:` line), in order.
+read -ra drives <<< "${RUN_IN_GUEST_DISKS:-}"
+((${#drives[@]} == 3)) || fail "expected the runner's 3 virtio disks, RUN_IN_GUEST_DISKS is '${RUN_IN_GUEST_DISKS:-}'"
+"$MR" pool create tank --level raid5 --strip 64k "${drives[@]}" > "$work/pool.out" 2>&1 \
   || { cat "$work/pool.out"; fail "millrace pool create"; }
 "$MR" volume create tank/mp --size 64M > /dev/null || fail "millrace volume create"
 "$MR" serve --nvme "$A" --nvme "$B" >> "$work/server.log" 2>&1 &
