@@ -33,6 +33,7 @@
 //               NVMe/RDMA lives in millrace-nvmf-rdma, over `Session`
 //   target:     the public API and the TCP accept loop (`target`)
 mod admin;
+pub mod dhchap;
 mod ana;
 pub mod cmd;
 mod error;
