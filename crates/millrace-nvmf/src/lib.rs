@@ -33,9 +33,9 @@
 //               NVMe/RDMA lives in millrace-nvmf-rdma, over `Session`
 //   target:     the public API and the TCP accept loop (`target`)
 mod admin;
-pub mod dhchap;
 mod ana;
 pub mod cmd;
+pub mod dhchap;
 mod error;
 mod gather;
 pub mod initiator;

@@ -226,6 +226,31 @@ pub struct HostKeys {
     pub ctrl: Option<Secret>,
 }
 
+/// A subsystem's secrets, per host NQN, and its authentication counters.
+#[derive(Default)]
+pub(crate) struct SubsystemAuth {
+    pub keys: parking_lot::RwLock<std::collections::HashMap<String, HostKeys>>,
+    pub succeeded: std::sync::atomic::AtomicU64,
+    pub failed: std::sync::atomic::AtomicU64,
+}
+
+impl SubsystemAuth {
+    pub fn keys_of(&self, hostnqn: &str) -> Option<HostKeys> {
+        self.keys.read().get(hostnqn).cloned()
+    }
+}
+
+/// A subsystem's authentication as the API and `/metrics` see it: which hosts must
+/// authenticate (and whether the controller proves itself to them), never the secrets.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AuthInfo {
+    pub nqn: String,
+    /// Each host with a secret, and whether a controller secret is set too (bidirectional).
+    pub hosts: Vec<(String, bool)>,
+    pub succeeded: u64,
+    pub failed: u64,
+}
+
 /// Which side a response proves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {

@@ -73,10 +73,19 @@ pub enum Msg {
     Challenge(Challenge),
     Reply(Reply),
     /// DH-HMAC-CHAP_Success1, with the controller's response when it proves itself.
-    Success1 { tid: u16, r2: Option<Vec<u8>> },
-    Success2 { tid: u16 },
+    Success1 {
+        tid: u16,
+        r2: Option<Vec<u8>>,
+    },
+    Success2 {
+        tid: u16,
+    },
     /// AUTH_Failure1 (controller to host) or AUTH_Failure2 (host to controller).
-    Failure { tid: u16, first: bool, why: u8 },
+    Failure {
+        tid: u16,
+        first: bool,
+        why: u8,
+    },
 }
 
 fn head(kind: u8, id: u8, tid: u16) -> Vec<u8> {
@@ -183,7 +192,9 @@ impl Msg {
             (TYPE_DHCHAP, ID_REPLY) => decode_reply(b, tid),
             (TYPE_DHCHAP, ID_SUCCESS1) => {
                 let hl = b[6] as usize;
-                let r = b.get(16..16 + hl).ok_or("a Success1 shorter than its response")?;
+                let r = b
+                    .get(16..16 + hl)
+                    .ok_or("a Success1 shorter than its response")?;
                 let r2 = (b[8] & 1 == 1).then(|| r.to_vec());
                 Ok(Msg::Success1 { tid, r2 })
             }

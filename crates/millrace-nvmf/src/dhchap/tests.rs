@@ -65,14 +65,58 @@ fn malformed_secrets_are_refused_with_a_sentence() {
 
 #[test]
 fn responses_and_augmented_challenges_match_the_vectors() {
-    let key = Secret::parse(&vector("secret", "1")).unwrap().transformed(HOST);
-    let r1 = response(Hash::Sha256, &key, &[0xa5; 32], 7, 0x1234, Role::Host, HOST, SUB);
+    let key = Secret::parse(&vector("secret", "1"))
+        .unwrap()
+        .transformed(HOST);
+    let r1 = response(
+        Hash::Sha256,
+        &key,
+        &[0xa5; 32],
+        7,
+        0x1234,
+        Role::Host,
+        HOST,
+        SUB,
+    );
     assert_eq!(r1, hex(&vector("host-response", "sha256")));
-    let r2 = response(Hash::Sha512, &key, &[0x5a; 64], 9, 0x0102, Role::Controller, HOST, SUB);
+    let r2 = response(
+        Hash::Sha512,
+        &key,
+        &[0x5a; 64],
+        9,
+        0x0102,
+        Role::Controller,
+        HOST,
+        SUB,
+    );
     assert_eq!(r2, hex(&vector("ctrl-response", "sha512")));
     // Any change of an input changes the response.
-    assert_ne!(r1, response(Hash::Sha256, &key, &[0xa5; 32], 8, 0x1234, Role::Host, HOST, SUB));
-    assert_ne!(r1, response(Hash::Sha256, &key, &[0xa5; 32], 7, 0x1234, Role::Controller, HOST, SUB));
+    assert_ne!(
+        r1,
+        response(
+            Hash::Sha256,
+            &key,
+            &[0xa5; 32],
+            8,
+            0x1234,
+            Role::Host,
+            HOST,
+            SUB
+        )
+    );
+    assert_ne!(
+        r1,
+        response(
+            Hash::Sha256,
+            &key,
+            &[0xa5; 32],
+            7,
+            0x1234,
+            Role::Controller,
+            HOST,
+            SUB
+        )
+    );
 
     let a = ffdhe::with_exponent(DhGroup::Ffdhe2048, 0x1234567);
     let b = ffdhe::with_exponent(DhGroup::Ffdhe2048, 0x89ABCDEF);
@@ -122,7 +166,12 @@ fn the_groups_primes_have_rfc_7919s_shape() {
 fn messages_round_trip_and_short_ones_are_refused() {
     use super::msg::*;
     let all = [
-        Msg::Negotiate(Negotiate { tid: 3, sc_c: 0, hashes: vec![1, 3], groups: vec![0, 1, 5] }),
+        Msg::Negotiate(Negotiate {
+            tid: 3,
+            sc_c: 0,
+            hashes: vec![1, 3],
+            groups: vec![0, 1, 5],
+        }),
         Msg::Challenge(Challenge {
             tid: 4,
             hash: Hash::Sha384,
@@ -131,12 +180,35 @@ fn messages_round_trip_and_short_ones_are_refused() {
             c1: vec![9; 48],
             dhv: vec![8; 256],
         }),
-        Msg::Reply(Reply { tid: 5, r1: vec![1; 32], c2: Some(vec![2; 32]), seqnum: 77, dhv: vec![] }),
-        Msg::Reply(Reply { tid: 5, r1: vec![1; 64], c2: None, seqnum: 0, dhv: vec![3; 384] }),
-        Msg::Success1 { tid: 6, r2: Some(vec![4; 32]) },
+        Msg::Reply(Reply {
+            tid: 5,
+            r1: vec![1; 32],
+            c2: Some(vec![2; 32]),
+            seqnum: 77,
+            dhv: vec![],
+        }),
+        Msg::Reply(Reply {
+            tid: 5,
+            r1: vec![1; 64],
+            c2: None,
+            seqnum: 0,
+            dhv: vec![3; 384],
+        }),
+        Msg::Success1 {
+            tid: 6,
+            r2: Some(vec![4; 32]),
+        },
         Msg::Success2 { tid: 7 },
-        Msg::Failure { tid: 8, first: true, why: why::INCORRECT_MESSAGE },
-        Msg::Failure { tid: 9, first: false, why: why::FAILED },
+        Msg::Failure {
+            tid: 8,
+            first: true,
+            why: why::INCORRECT_MESSAGE,
+        },
+        Msg::Failure {
+            tid: 9,
+            first: false,
+            why: why::FAILED,
+        },
     ];
     for m in all {
         let b = m.encode();
