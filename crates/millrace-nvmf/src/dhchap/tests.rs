@@ -232,3 +232,18 @@ fn messages_round_trip_and_short_ones_are_refused() {
         assert!(Msg::decode(&vec![1u8; n]).is_err());
     }
 }
+
+#[test]
+fn secrets_written_by_nvme_cli_parse_and_round_trip() {
+    let text = include_str!("../../tests/data/nvme-cli-keys.txt");
+    let keys: Vec<&str> = text.lines().filter(|l| l.starts_with("DHHC-1:")).collect();
+    assert_eq!(keys.len(), 6);
+    for k in keys {
+        let s = Secret::parse(k).unwrap_or_else(|e| panic!("{k}: {e}"));
+        assert_eq!(s.encode(), k);
+        // One flipped base64 character breaks the CRC (or the base64).
+        let mut b = k.as_bytes().to_vec();
+        b[15] = if b[15] == b'A' { b'B' } else { b'A' };
+        assert!(Secret::parse(std::str::from_utf8(&b).unwrap()).is_err());
+    }
+}
