@@ -38,7 +38,7 @@ impl Hash {
         self as u8
     }
     /// The digest's length in bytes (HL in the messages).
-    pub fn len(self) -> usize {
+    pub fn bytes(self) -> usize {
         match self {
             Hash::Sha256 => 32,
             Hash::Sha384 => 48,

@@ -132,7 +132,7 @@ impl Msg {
             }
             Msg::Challenge(c) => {
                 let mut v = head(TYPE_DHCHAP, ID_CHALLENGE, c.tid);
-                v.extend_from_slice(&[c.hash.len() as u8, 0, c.hash.id(), c.group.id()]);
+                v.extend_from_slice(&[c.hash.bytes() as u8, 0, c.hash.id(), c.group.id()]);
                 v.extend_from_slice(&(c.dhv.len() as u16).to_le_bytes());
                 v.extend_from_slice(&c.seqnum.to_le_bytes());
                 v.extend_from_slice(&c.c1);
@@ -237,7 +237,7 @@ fn decode_challenge(b: &[u8], tid: u16) -> Result<Msg, &'static str> {
     let hash = Hash::from_id(b[8]).ok_or("a Challenge with an unknown hash")?;
     let group = DhGroup::from_id(b[9]).ok_or("a Challenge with an unknown group")?;
     let (hl, dl) = (b[6] as usize, le16(b, 10) as usize);
-    if hl != hash.len() || dl != group.bytes() || b.len() < 16 + hl + dl {
+    if hl != hash.bytes() || dl != group.bytes() || b.len() < 16 + hl + dl {
         return Err("a Challenge whose lengths do not match its hash, group or size");
     }
     Ok(Msg::Challenge(Challenge {

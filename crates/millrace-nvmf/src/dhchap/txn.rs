@@ -222,7 +222,7 @@ impl QueueAuth {
         let t = Txn {
             tid: n.tid,
             hash,
-            c1: super::random_bytes(hash.len()),
+            c1: super::random_bytes(hash.bytes()),
             s1: self.seq,
             dh,
             keys,
@@ -245,7 +245,7 @@ impl QueueAuth {
         if r.tid != t.tid {
             return self.fail(t.tid, bad, ok, "a Reply with another transaction's id");
         }
-        if r.r1.len() != t.hash.len() {
+        if r.r1.len() != t.hash.bytes() {
             return self.fail(
                 t.tid,
                 bad,
@@ -278,7 +278,7 @@ impl QueueAuth {
             return self.fail(t.tid, why::FAILED, ok, w);
         }
         let Some(c2) = r.c2 else {
-            let m = Msg::success1(t.tid, None, t.hash.len());
+            let m = Msg::success1(t.tid, None, t.hash.bytes());
             self.state = State::Answer(m, Then::Done);
             return (ok, None);
         };
@@ -286,7 +286,7 @@ impl QueueAuth {
             let w = "it asked the controller to prove itself, but no controller secret is set";
             return self.fail(t.tid, why::FAILED, ok, w);
         };
-        if r.seqnum == 0 || c2.len() != t.hash.len() {
+        if r.seqnum == 0 || c2.len() != t.hash.bytes() {
             return self.fail(
                 t.tid,
                 bad,
@@ -306,7 +306,7 @@ impl QueueAuth {
             &self.hostnqn,
             &self.subnqn,
         );
-        let m = Msg::success1(t.tid, Some(&r2), t.hash.len());
+        let m = Msg::success1(t.tid, Some(&r2), t.hash.bytes());
         self.state = State::Answer(m, Then::AwaitSuccess2(t.tid));
         (ok, None)
     }

@@ -108,7 +108,7 @@ impl HostQueue {
             hostnqn,
             subnqn,
         );
-        let c2 = a.ctrl_secret.as_ref().map(|_| random_bytes(c.hash.len()));
+        let c2 = a.ctrl_secret.as_ref().map(|_| random_bytes(c.hash.bytes()));
         let s2 = if c2.is_some() { 0x5eed_0001 } else { 0 };
         let reply = Reply {
             tid,
