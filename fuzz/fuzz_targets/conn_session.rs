@@ -6,7 +6,9 @@
 //! to an I/O queue of a standing one, to an unknown subsystem, or from a host not allowed), and
 //! whether header and data digests in the fuzzed PDUs are recomputed so they match. Its bits:
 //! 1 send an ICReq, 2 and 4 ask for header and data digests, 8 fix digests, bits 4-6 the
-//! Connect (0 none, 1-2 a new controller, 3-4 an I/O queue, 5 an unknown subsystem, 6 a host
+//! Connect (0 none, 1 a new controller, 2 a new controller of a subsystem where the host must
+//! authenticate (DH-HMAC-CHAP), followed by an Authentication Send of a valid AUTH_Negotiate
+//! so that the fuzzed bytes go on from the Challenge, 3-4 an I/O queue, 5 an unknown subsystem, 6 a host
 //! not allowed, 7 an admin Connect naming a controller id, which the dynamic model refuses), bit
 //! 7 a 4-entry queue instead of 16.
 
@@ -15,7 +17,9 @@
 use libfuzzer_sys::fuzz_target;
 use millrace_block::MemBlockDevice;
 use millrace_nvmf::cmd::{fctype, Sgl, Sqe};
-use millrace_nvmf::initiator::{connect_data, HostController, HostOptions};
+use millrace_nvmf::dhchap::msg::{Msg, Negotiate};
+use millrace_nvmf::dhchap::{Hash, HostKeys, Secret};
+use millrace_nvmf::initiator::{auth_sqe, connect_data, HostController, HostOptions};
 use millrace_nvmf::pdu::{self, encode, Ch, Head, IcReq, Negotiated, Side, CH_LEN, DIGEST_LEN};
 use millrace_nvmf::{Namespace, SubsystemConfig, Target, TargetConfig};
 use std::net::SocketAddr;
@@ -26,6 +30,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::runtime::Runtime;
 
 const NQN: &str = "nqn.2024-01.io.millrace:fuzz";
+/// The same, where the host must authenticate.
+const AUTH_NQN: &str = "nqn.2024-01.io.millrace:fuzz-auth";
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000f022";
 /// Longer than any honest exchange here takes; an input that runs into it kept the target's
 /// side of the connection open after the host stopped sending.
@@ -70,11 +76,34 @@ fn world() -> &'static World {
                     dev: Arc::new(MemBlockDevice::new(1 << 20)),
                     uuid: [1; 16],
                     nguid: [2; 16],
+                    ana_group: 0,
                 }],
                 allowed_hosts: vec![HOST.into()],
                 allow_any_host: false,
             })
             .expect("a subsystem");
+            let keys = HostKeys {
+                host: Secret::new(vec![7; 32], Some(Hash::Sha256)).expect("a secret"),
+                ctrl: Some(Secret::new(vec![9; 48], None).expect("a secret")),
+            };
+            t.add_subsystem_with_keys(
+                SubsystemConfig {
+                    nqn: AUTH_NQN.into(),
+                    serial: "MR-FUZZ-AUTH".into(),
+                    model: "Millrace fuzz".into(),
+                    namespaces: vec![Namespace {
+                        nsid: 1,
+                        dev: Arc::new(MemBlockDevice::new(1 << 20)),
+                        uuid: [3; 16],
+                        nguid: [4; 16],
+                        ana_group: 0,
+                    }],
+                    allowed_hosts: vec![HOST.into()],
+                    allow_any_host: false,
+                },
+                vec![(HOST.into(), keys)],
+            )
+            .expect("a subsystem with secrets");
             let l = tokio::net::TcpListener::bind("127.0.0.1:0")
                 .await
                 .expect("a loopback listener");
@@ -152,7 +181,8 @@ async fn session(w: &World, mode: u8, rest: &[u8]) {
         let mut o = host();
         let connect: Option<(&str, u16, u16)> = match (mode >> 4) & 7 {
             0 => None,
-            1 | 2 => Some((NQN, 0, 0xffff)),
+            1 => Some((NQN, 0, 0xffff)),
+            2 => Some((AUTH_NQN, 0, 0xffff)),
             3 | 4 => io_controller(w).await.map(|id| {
                 let q = w.next_qid.fetch_add(1, Ordering::Relaxed) % 8 + 1;
                 (NQN, q, id)
@@ -173,6 +203,22 @@ async fn session(w: &World, mode: u8, rest: &[u8]) {
             });
             let d = connect_data(&o, subnqn, cntlid);
             out.extend(encode(&Head::Cmd(s), &d, hd, dd, 1));
+            if subnqn == AUTH_NQN {
+                let n = Msg::Negotiate(Negotiate {
+                    tid: 1,
+                    sc_c: 0,
+                    hashes: vec![1, 2, 3],
+                    groups: vec![0, 1],
+                })
+                .encode();
+                let mut a = auth_sqe(fctype::AUTH_SEND, n.len());
+                a.set_cid(0xa0a0);
+                a.set_sgl(Sgl::InCapsule {
+                    offset: 0,
+                    len: n.len() as u32,
+                });
+                out.extend(encode(&Head::Cmd(a), &n, hd, dd, 1));
+            }
         }
     }
     let start = out.len();
@@ -249,6 +295,11 @@ fuzz_target!(|input: &[u8]| {
     let Some((&mode, rest)) = input.split_first() else {
         return;
     };
+    // The authentication decoders alone: a message and a secret from the same bytes.
+    let _ = Msg::decode(rest);
+    if let Ok(text) = std::str::from_utf8(rest) {
+        let _ = Secret::parse(text);
+    }
     let w = world();
     // MILLRACE_FUZZ_REPEAT=N replays each input N times and reports the resident memory, to
     // tell state the target keeps per connection from the fuzzer's own growth.

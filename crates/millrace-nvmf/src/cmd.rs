@@ -15,6 +15,8 @@ pub mod fctype {
     pub const PROPERTY_SET: u8 = 0x00;
     pub const CONNECT: u8 = 0x01;
     pub const PROPERTY_GET: u8 = 0x04;
+    pub const AUTH_SEND: u8 = 0x05;
+    pub const AUTH_RECEIVE: u8 = 0x06;
     pub const DISCONNECT: u8 = 0x08;
 }
 
@@ -77,6 +79,8 @@ impl Status {
     pub const CONNECT_CONTROLLER_BUSY: Status = Status::specific(0x81).dnr();
     pub const CONNECT_INVALID_PARAMETERS: Status = Status::specific(0x82).dnr();
     pub const CONNECT_INVALID_HOST: Status = Status::specific(0x84).dnr();
+    /// The queue must authenticate (DH-HMAC-CHAP) before this command.
+    pub const AUTH_REQUIRED: Status = Status::specific(0x91).dnr();
     pub const WRITE_FAULT: Status = Status::media(0x80);
     pub const UNRECOVERED_READ_ERROR: Status = Status::media(0x81);
 

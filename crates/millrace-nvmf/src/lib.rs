@@ -35,6 +35,7 @@
 mod admin;
 mod ana;
 pub mod cmd;
+pub mod dhchap;
 mod error;
 mod gather;
 pub mod initiator;

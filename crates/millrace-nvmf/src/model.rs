@@ -346,6 +346,8 @@ pub(crate) struct Subsystem {
     pub io: IoCounters,
     /// The ANA states of its groups on each path other than optimized.
     pub ana: crate::ana::Ana,
+    /// Hosts' DH-HMAC-CHAP secrets and the authentication counters.
+    pub auth: crate::dhchap::SubsystemAuth,
 }
 
 #[derive(Default)]

@@ -15,6 +15,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
+#[path = "session_auth.rs"]
+mod auth;
+
 /// Connect data fetched before a queue is connected is at most this long (it is 1024 bytes).
 pub const CONNECT_DATA_MAX: usize = 4096;
 
@@ -66,6 +69,8 @@ pub struct Session {
     completer: Option<Completer>,
     pool: BufPool,
     q: Option<Bound>,
+    /// The queue's DH-HMAC-CHAP state when its host must authenticate (`session_auth.rs`).
+    auth: Option<Box<crate::dhchap::txn::QueueAuth>>,
 }
 
 impl Session {
@@ -89,6 +94,7 @@ impl Session {
             completer: None,
             pool,
             q: None,
+            auth: None,
         }
     }
 
@@ -214,6 +220,9 @@ impl Session {
             Transfer::FromHost(n) => *n,
             _ => return Ok(()),
         };
+        if self.q.is_some() && !self.authenticated() {
+            return self.admit_before_auth(sqe, x);
+        }
         if self.q.is_some() {
             return match len <= self.max_transfer() {
                 true => Ok(()),
@@ -237,6 +246,9 @@ impl Session {
         let Some(q) = &self.q else {
             return Action::status(Status::COMMAND_SEQUENCE_ERROR);
         };
+        if !self.authenticated() {
+            return Action::status(Status::AUTH_REQUIRED);
+        }
         if q.qid == 0 {
             let ctrl = q.ctrl.clone();
             return self.admin(&ctrl, sqe, data.as_deref());
@@ -275,8 +287,10 @@ impl Session {
                 let (status, result) = self.connect(sqe, data.unwrap_or(&[]));
                 Action::Complete { status, result }
             }
+            fctype::AUTH_SEND | fctype::AUTH_RECEIVE => self.auth_command(sqe, data),
             fctype::PROPERTY_GET | fctype::PROPERTY_SET => match &self.q {
                 None => Action::status(Status::COMMAND_SEQUENCE_ERROR),
+                Some(_) if !self.authenticated() => Action::status(Status::AUTH_REQUIRED),
                 Some(q) if q.qid != 0 => Action::status(Status::INVALID_FIELD),
                 Some(q) => {
                     let (status, result) = admin::property(&self.t, &q.ctrl, sqe);
@@ -409,8 +423,9 @@ impl Session {
             q.push(qid);
         }
         ctrl.touch(&self.t);
+        let authreq = self.auth_at_connect(&s, &d.hostnqn);
         self.bind(ctrl, qid, sqsize + 1);
-        Ok((Status::SUCCESS, d.cntlid as u64))
+        Ok((Status::SUCCESS, d.cntlid as u64 | authreq))
     }
 
     fn connect_admin(
@@ -444,8 +459,9 @@ impl Session {
         ctrl.aen.lock().tx = self.completer.clone();
         tracing::info!(peer = %self.peer, transport = self.transport.kind.as_str(), host = %d.hostnqn, subsystem = %d.subnqn, cntlid = ctrl.cntlid, "a host connected its admin queue");
         let id = ctrl.cntlid;
+        let authreq = self.auth_at_connect(s, &d.hostnqn);
         self.bind(ctrl, 0, sqsize + 1);
-        Ok((Status::SUCCESS, id as u64))
+        Ok((Status::SUCCESS, id as u64 | authreq))
     }
 
     fn admin(&mut self, ctrl: &Arc<Controller>, sqe: &Sqe, data: Option<&[u8]>) -> Action {

@@ -22,6 +22,9 @@ use std::time::Instant;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+#[path = "target_auth.rs"]
+mod auth;
+
 /// An NVMe-oF target (NVMe/TCP here, other transports through [`Target::session`]). Cheap to clone; every clone is the same target.
 #[derive(Clone)]
 pub struct Target {
@@ -51,6 +54,7 @@ impl Target {
             controllers: Mutex::new(Controllers::default()),
             io: IoCounters::default(),
             ana: Default::default(),
+            auth: Default::default(),
         });
         let admission = millrace_io::admission::Admission::new(
             cfg.max_connections,
@@ -105,13 +109,23 @@ impl Target {
     }
 
     pub fn add_subsystem(&self, s: SubsystemConfig) -> Result<(), Error> {
+        self.add_subsystem_with_keys(s, Vec::new())
+    }
+
+    /// Adds a subsystem whose hosts in `keys` must authenticate (DH-HMAC-CHAP) from their
+    /// first Connect on.
+    pub fn add_subsystem_with_keys(
+        &self,
+        s: SubsystemConfig,
+        keys: Vec<(String, crate::dhchap::HostKeys)>,
+    ) -> Result<(), Error> {
         check_nqn(&s.nqn)?;
         if s.nqn == DISCOVERY_NQN {
             return Err(Error::Invalid(
                 "the discovery NQN is reserved for the discovery service".into(),
             ));
         }
-        for h in &s.allowed_hosts {
+        for h in s.allowed_hosts.iter().chain(keys.iter().map(|(h, _)| h)) {
             check_nqn(h)?;
         }
         let mut ns = Vec::new();
@@ -137,6 +151,10 @@ impl Target {
             controllers: Mutex::new(Controllers::default()),
             io: IoCounters::default(),
             ana: Default::default(),
+            auth: crate::dhchap::SubsystemAuth {
+                keys: RwLock::new(keys.into_iter().collect()),
+                ..Default::default()
+            },
         });
         {
             let mut m = self.inner.subsystems.write();

@@ -3,9 +3,11 @@
 //! with many commands in flight; `HostController` connects an admin queue and I/O queues the
 //! way the Linux host does (enable, Identify, Number of Queues, Connect per queue).
 
+mod auth;
 mod error;
 mod reader;
 
+pub use auth::{auth_sqe, HostAuth};
 pub use error::Error;
 
 use crate::cmd::{admin, fctype, io, prop, ConnectData, Cqe, DsmRange, Sgl, Sqe, CONNECT_DATA_LEN};
@@ -82,6 +84,8 @@ pub struct HostQueue {
     pub in_capsule: usize,
     pub qid: u16,
     pub cntlid: u16,
+    /// The Connect result asked for authentication (AUTHREQ.ATR).
+    pub auth_required: bool,
     reader: tokio::task::JoinHandle<()>,
 }
 
@@ -148,6 +152,7 @@ impl HostQueue {
             in_capsule: 8192,
             qid: 0,
             cntlid: 0xffff,
+            auth_required: false,
             reader,
         })
     }
@@ -160,6 +165,19 @@ impl HostQueue {
         subnqn: &str,
         qid: u16,
         cntlid: u16,
+    ) -> Result<HostQueue, Error> {
+        HostQueue::connect_auth(addr, o, subnqn, qid, cntlid, None).await
+    }
+
+    /// `connect`, then, when the target asks for it and `auth` is given, a DH-HMAC-CHAP
+    /// transaction (a queue the target wants authenticated and no `auth`: left as it is).
+    pub async fn connect_auth(
+        addr: SocketAddr,
+        o: &HostOptions,
+        subnqn: &str,
+        qid: u16,
+        cntlid: u16,
+        auth: Option<&HostAuth>,
     ) -> Result<HostQueue, Error> {
         let mut q = HostQueue::open(addr, o).await?;
         let mut sqe = Sqe::fabrics(fctype::CONNECT, 0);
@@ -180,6 +198,11 @@ impl HostQueue {
         let c = q.submit(sqe, Some(d.encode()), 0).await?;
         q.qid = qid;
         q.cntlid = c.cqe.result as u16;
+        q.auth_required = c.cqe.result & 1 << 17 != 0;
+        if let (true, Some(a)) = (q.auth_required, auth) {
+            let tid = q.cntlid ^ qid.rotate_left(8);
+            q.authenticate(a, &o.hostnqn, subnqn, tid).await?;
+        }
         Ok(q)
     }
 
@@ -418,7 +441,19 @@ impl HostController {
         o: &HostOptions,
         io_queues: u16,
     ) -> Result<HostController, Error> {
-        let admin = Arc::new(HostQueue::connect(addr, o, subnqn, 0, 0xffff).await?);
+        HostController::connect_auth(addr, subnqn, o, io_queues, None).await
+    }
+
+    /// `connect`, authenticating each queue the target asks to (DH-HMAC-CHAP) with `auth`.
+    pub async fn connect_auth(
+        addr: SocketAddr,
+        subnqn: &str,
+        o: &HostOptions,
+        io_queues: u16,
+        auth: Option<&HostAuth>,
+    ) -> Result<HostController, Error> {
+        let admin = HostQueue::connect_auth(addr, o, subnqn, 0, 0xffff, auth).await?;
+        let admin = Arc::new(admin);
         let cntlid = admin.cntlid;
         let _cap = admin.property_get(prop::CAP, true).await?;
         // Enable: 64-byte SQEs, 16-byte CQEs, NVM command set, 4 KiB pages.
@@ -446,7 +481,7 @@ impl HostController {
                 .await?;
             let granted = (granted as u16).min((granted >> 16) as u16) + 1;
             for qid in 1..=io_queues.min(granted) {
-                let mut q = HostQueue::connect(addr, o, subnqn, qid, cntlid).await?;
+                let mut q = HostQueue::connect_auth(addr, o, subnqn, qid, cntlid, auth).await?;
                 q.in_capsule = (ioccsz * 16).saturating_sub(64);
                 io.push(Arc::new(q));
             }

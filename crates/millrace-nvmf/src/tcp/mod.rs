@@ -290,12 +290,15 @@ impl Conn {
     /// deadline on a queue not yet connected.
     async fn next_pdu_begins(&mut self) -> Result<(), Stop> {
         let limit = self.fill_limit();
-        let r = match self.session.is_connected() {
+        let r = match !self.session.is_handshaking() {
             true => self.rd.fill_limited(limit).await.map(|b| b.is_empty()),
             false => {
                 let first = self.rd.fill_limited(limit);
                 match tokio::time::timeout_at(self.handshake_deadline, first).await {
                     Ok(r) => r.map(|b| b.is_empty()),
+                    Err(_) if self.session.is_connected() => {
+                        return Err(self.timed_out("its authentication messages"))
+                    }
                     Err(_) => return Err(self.timed_out("a Connect")),
                 }
             }

@@ -1,0 +1,49 @@
+//! The target's API for in-band authentication: setting, rotating and removing a host's
+//! DH-HMAC-CHAP secrets on a live subsystem, and what may be shown of them.
+
+use super::*;
+use crate::dhchap::{AuthInfo, HostKeys};
+
+impl Target {
+    /// Sets (Some) or removes (None) the secrets `host` authenticates with on subsystem `nqn`.
+    /// Queues already authenticated stay so; the next authentication (a new queue, or the
+    /// host's re-authentication) uses the new secrets. Set a host's secret before allowing
+    /// the host, so that it never connects without one.
+    pub fn set_host_keys(
+        &self,
+        nqn: &str,
+        host: &str,
+        keys: Option<HostKeys>,
+    ) -> Result<(), Error> {
+        check_nqn(host)?;
+        let s = (self.inner.subsystems.read().get(nqn).cloned())
+            .ok_or_else(|| Error::NoSuchSubsystem(nqn.into()))?;
+        let mut k = s.auth.keys.write();
+        match keys {
+            Some(keys) => k.insert(host.to_string(), keys),
+            None => k.remove(host),
+        };
+        Ok(())
+    }
+
+    /// Each subsystem's hosts that authenticate and its counts of authentications, sorted
+    /// by NQN. Secrets are never part of it.
+    pub fn auth_info(&self) -> Vec<AuthInfo> {
+        let mut v: Vec<AuthInfo> = (self.inner.subsystems.read().values())
+            .map(|s| {
+                let mut hosts: Vec<(String, bool)> = (s.auth.keys.read().iter())
+                    .map(|(h, k)| (h.clone(), k.ctrl.is_some()))
+                    .collect();
+                hosts.sort();
+                AuthInfo {
+                    nqn: s.nqn.clone(),
+                    hosts,
+                    succeeded: s.auth.succeeded.load(Ordering::Relaxed),
+                    failed: s.auth.failed.load(Ordering::Relaxed),
+                }
+            })
+            .collect();
+        v.sort_by(|a, b| a.nqn.cmp(&b.nqn));
+        v
+    }
+}
