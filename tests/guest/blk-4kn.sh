@@ -5,13 +5,13 @@
 # 4096-byte logical blocks, which refuse any I/O that is not 4 KiB aligned) served to the kernel
 # initiator: a RAID6 pool (64 KiB strip) on five 4Kn disks, its superblocks where they belong;
 # two volumes exported over NVMe/TCP by `millrace serve`; the namespaces' 4096-byte blocks; XFS
-# (4 KiB sectors) with files whose checksums match; fio's crc32c-verified
-# random writes of 4 KiB (libaio) and 64 KiB (io_uring), O_DIRECT; discards, whole stripes and
-# part of one, that read back as zeroes with their neighbours intact; the server stopped and the
-# pool imported from its drives into a server that never saw it, every byte verified again;
-# then a member failed (reads reconstructed), writes to the degraded pool (its partial-parity
-# log) and the server killed under them, the member replaced by another 4Kn disk and rebuilt,
-# and a scrub that finds every stripe consistent. Also a pool that mixes a 512-byte and a 4Kn member.
+# (4 KiB sectors) with files whose checksums match; fio's crc32c-verified random writes of 4 KiB
+# (libaio) and 64 KiB (io_uring), O_DIRECT; discards, of whole stripes and of part of one, that
+# read back as zeroes with their neighbours intact; the server stopped and the pool imported
+# from its drives into a server that never saw it, every byte verified again; then a member
+# failed (reads reconstructed), writes to the degraded pool (its partial-parity log) and the
+# server killed under them, the member replaced by another 4Kn disk and rebuilt, and a scrub
+# that finds every stripe consistent. First, a pool that mixes a 512-byte and a 4Kn member.
 #   usage (on the host): cargo build -p millrace-cli
 #          tests/guest/run-in-guest --timeout 1200 tests/guest/blk-4kn.sh $PWD/target/debug
 set -euo pipefail
@@ -57,11 +57,11 @@ json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 
 # Mixed block sizes: the engine writes its members in 4 KiB-aligned units only, so a member with
 # 512-byte blocks and one with 4096-byte blocks can share a pool. What it accepts must work: a
-# write at an odd offset reads back, lies on both members at the data offset, and each member
+# write at an odd offset reads back, lies on both members at the data offset, and the 4Kn member
 # alone still gives it back.
 "$MR" pool create mix --level raid1 "$small512" "$small4k" > "$work/mix.out" 2>&1 \
   || { cat "$work/mix.out"; fail "pool create of a raid1 with a 512-byte and a 4Kn member"; }
-grep -qi panick "$work/mix.out" && { cat "$work/mix.out"; fail "pool create of mixed members panicked"; }
+grep -qi panicked "$work/mix.out" && { cat "$work/mix.out"; fail "pool create of mixed members panicked"; }
 head -c 100000 /dev/urandom > "$work/mix.bin"
 "$MR" io write mix --offset 4609 --input "$work/mix.bin" > /dev/null || fail "io write to the mixed pool"
 "$MR" io read mix --offset 4609 --length 100000 | cmp -s - "$work/mix.bin" || fail "the mixed pool read back different bytes"
@@ -194,7 +194,7 @@ fiodeg=(--name=deg --direct=1 --ioengine=libaio --iodepth=8 --rw=randwrite --bsr
   --offset=48M --size=8M --verify=crc32c --verify_fatal=1 --randrepeat=1 --randseed=4848)
 fiokill=(--name=kill --direct=1 --ioengine=io_uring --iodepth=8 --rw=randwrite --bsrange=4k-32k
   --offset=56M --size=8M --verify=crc32c --verify_fatal=1 --randrepeat=1 --randseed=5656 --fsync=1)
-jobs=(4k 64k)
+fiojobs=(4k 64k)
 # fio_ok OUT [read]: no error, no verify complaint, all of the job's bytes read back (and
 # written, unless verify-only).
 fio_ok() {
@@ -203,7 +203,7 @@ fio_ok() {
   grep -q "err= 0" "$1" && ! grep -qiE 'verify.*(fail|bad)|crc32c: verify' "$1" \
     && grep -qE "READ: .*io=$io" "$1" && { [[ ${2:-} == read ]] || grep -qE "WRITE: .*io=$io" "$1"; }
 }
-for j in "${jobs[@]}"; do
+for j in "${fiojobs[@]}"; do
   declare -n job=fio$j
   timeout 600 fio "${job[@]}" --filename="$rawdev" --do_verify=1 --output="$work/fio-$j.out" > /dev/null 2>&1 \
     || { tail -20 "$work/fio-$j.out"; fail "fio $j randwrite + crc32c verify on $rawdev"; }
@@ -252,7 +252,7 @@ step "server stopped; pool imported from its 4Kn drives into a new server (home2
 # verify WHEN: every byte written so far, as written.
 verify_all() {
   connect raw; rawdev=$ns
-  for j in "${jobs[@]}"; do
+  for j in "${fiojobs[@]}"; do
     declare -n job=fio$j
     timeout 600 fio "${job[@]}" --filename="$rawdev" --verify_only --output="$work/fio-$j-v.out" > /dev/null 2> "$work/fio-$j-v.err" \
       || { head -30 "$work/fio-$j-v.out"; head "$work/fio-$j-v.err"; fail "fio $j verify $1"; }
@@ -287,7 +287,7 @@ nvme id-ctrl "$rawdev" | grep -qE '^vwc +: 0x1' || fail "the controller does not
 timeout 600 fio "${fiodeg[@]}" --filename="$rawdev" --do_verify=1 --end_fsync=1 --output="$work/fio-deg.out" > /dev/null 2>&1 \
   || { tail -20 "$work/fio-deg.out"; fail "fio degraded randwrite 4k-16k + verify"; }
 fio_ok "$work/fio-deg.out" || { tail -20 "$work/fio-deg.out"; fail "fio degraded randwrite reported errors"; }
-jobs+=(deg)
+fiojobs+=(deg)
 disconnect raw
 connect raw --reconnect-delay=1 --ctrl-loss-tmo=120; rawdev=$ns
 # The region already holds data (flushed), as a disk in use does: a write the kill interrupts
@@ -304,7 +304,7 @@ grep -q "from the partial-parity log" "$work/server.log" || fail "the server, ki
 wait "$fpid" || { tail -20 "$work/fio-kill.out"; fail "fio verify across a SIGKILL of the server (degraded pool) exited with an error"; }
 fpid=
 fio_ok "$work/fio-kill.out" || { tail -20 "$work/fio-kill.out"; fail "fio reported errors across a SIGKILL of the server"; }
-jobs+=(kill)
+fiojobs+=(kill)
 disconnect raw
 step "degraded writes 4-16k verified; the server killed under degraded writes and restarted: the host resent, verify ok"
 timeout 600 "$MR" pool replace tank "${members[2]}" "$spare" > "$work/replace.out" 2>&1 \
