@@ -105,6 +105,9 @@ impl FileDrive {
             use std::io::Seek;
             (&file).seek(io::SeekFrom::End(0))?
         };
+        if meta.file_type().is_block_device() {
+            check_logical_block(&file, path)?;
+        }
         // Some filesystems accept O_DIRECT at open and refuse it at the first I/O: probe once.
         if direct && size >= 4096 {
             let mut probe = AlignedBuf::zeroed(4096);
@@ -244,6 +247,31 @@ impl Drive for FileDrive {
         }
         write_zeroes(self, offset, len)
     }
+}
+
+/// `_IO(0x12, 104)` from linux/fs.h: a block device's logical block size.
+const BLKSSZGET: libc::c_ulong = 0x1268;
+
+/// The engine reads and writes members in 4 KiB-aligned units (`geometry::SECTOR`), which a
+/// device with 512-byte or 4096-byte logical blocks takes under O_DIRECT; a larger logical
+/// block would refuse them, so such a device is refused here with a sentence rather than
+/// falling back to buffered I/O.
+fn check_logical_block(file: &File, path: &Path) -> io::Result<()> {
+    let mut lbs: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes one int through the pointer given.
+    if unsafe { libc::ioctl(file.as_raw_fd(), BLKSSZGET, &mut lbs) } != 0 {
+        return Ok(());
+    }
+    if lbs > 4096 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} has {lbs}-byte logical blocks; members need 512- or 4096-byte logical blocks (reformat the drive's namespace to one of those, e.g. with nvme format --lbaf)",
+                path.display()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// `_IO(0x12, 127)` from linux/fs.h: write zeroes over a range of a block device.
