@@ -119,9 +119,8 @@ pub enum HostCmd {
 fn read_secret(what: &str, path: &Path) -> Result<String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("cannot read the {what} file {}: {e}", path.display()))?;
-    let s = millrace_nvmf::dhchap::Secret::parse(&text)
-        .map_err(|e| anyhow::anyhow!("the {what} in {} is refused: {e}", path.display()))?;
-    Ok(s.encode())
+    millrace_server::nvme_auth::check_secret(&text)
+        .map_err(|e| anyhow::anyhow!("the {what} in {} is refused: {e}", path.display()))
 }
 
 impl Secrets {

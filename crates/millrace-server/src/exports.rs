@@ -157,6 +157,7 @@ impl State {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub fn add_nvme_export(
         &self,
         pool: &str,
@@ -489,6 +490,51 @@ impl State {
             }
         }
         view
+    }
+}
+
+/// In-band authentication (the secrets are kept by `nvme_auth`).
+impl State {
+    /// Sets or rotates the secrets `host` authenticates with on a volume's NVMe export: live at
+    /// once (the host's next authentication uses them) and recorded. The host need not be
+    /// allowed yet: setting its secret first means it never connects without one.
+    pub fn set_nvme_host_keys(
+        &self,
+        pool: &str,
+        vol: &str,
+        host: &str,
+        secret: &str,
+        ctrl: Option<&str>,
+    ) -> Result<NvmeExportView, ApiError> {
+        check_nqn("the host NQN", host)?;
+        let keys = crate::nvme_auth::parse_keys(secret, ctrl)?;
+        let (_, v) = self.volume(pool, vol)?;
+        let c: NvmeExportConfig = (v.props.get(NVME_PROP))
+            .and_then(|c| serde_json::from_str(c).ok())
+            .ok_or_else(|| {
+                ApiError::not_found(format!(
+                    "volume {pool}/{vol} is not exported over NVMe/TCP; export it first (`millrace export nvme add {pool}/{vol} --host NQN`)"
+                ))
+            })?;
+        let live = self.serving && self.nvmf.subsystems().iter().any(|s| s.nqn == c.nqn);
+        let old = crate::nvme_auth::keys_of(&self.home, pool, vol)?
+            .into_iter()
+            .find(|(h, _)| h == host)
+            .map(|(_, k)| k);
+        if live {
+            (self.nvmf)
+                .set_host_keys(&c.nqn, host, Some(keys.clone()))
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        }
+        if let Err(e) = crate::nvme_auth::set(&self.home, pool, vol, host, &keys) {
+            if live {
+                let _ = self.nvmf.set_host_keys(&c.nqn, host, old);
+            }
+            return Err(e);
+        }
+        let subs = self.nvmf.subsystems();
+        let live = subs.iter().find(|s| s.nqn == c.nqn);
+        Ok(nvme_view(self, pool, vol, c, live, self.serving))
     }
 }
 

@@ -21,7 +21,7 @@ mod metered;
 mod metrics;
 pub mod model;
 pub mod nfs_rdma;
-mod nvme_auth;
+pub mod nvme_auth;
 mod pools;
 mod props;
 mod rdma;

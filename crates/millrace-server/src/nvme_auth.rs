@@ -14,9 +14,6 @@ use millrace_nvmf::dhchap::{HostKeys, Secret};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
-use crate::model::NvmeExportView;
-use crate::props::{check_nqn, NvmeExportConfig, NVME_PROP};
-use crate::state::State;
 
 /// Serialises reading, changing and writing the store.
 static STORE: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -91,6 +88,12 @@ fn parse(what: &str, s: &str) -> Result<Secret, ApiError> {
     Secret::parse(s).map_err(|e| ApiError::bad_request(format!("the {what} is refused: {e}")))
 }
 
+/// Checks a secret in the `DHHC-1` form and gives it back as the target will keep it; the
+/// error (a sentence) never quotes it. For clients (the CLI) that check before sending.
+pub fn check_secret(s: &str) -> Result<String, String> {
+    Secret::parse(s).map(|s| s.encode())
+}
+
 /// Parses a host's secret and optional controller secret (errors never quote them).
 pub fn parse_keys(host: &str, ctrl: Option<&str>) -> Result<HostKeys, ApiError> {
     Ok(HostKeys {
@@ -137,6 +140,21 @@ pub(crate) fn record(
         for h in hosts {
             e.insert(h.clone(), stored(keys));
         }
+    })
+}
+
+/// Records (sets or replaces) the secrets of one host of an export.
+pub(crate) fn set(
+    home: &Path,
+    pool: &str,
+    vol: &str,
+    host: &str,
+    keys: &HostKeys,
+) -> Result<(), ApiError> {
+    update(home, |s| {
+        s.entry(key(pool, vol))
+            .or_default()
+            .insert(host.to_string(), stored(keys));
     })
 }
 
@@ -187,59 +205,4 @@ pub(crate) fn modes(
             (h.clone(), m.to_string())
         })
         .collect()
-}
-
-impl State {
-    /// Sets or rotates the secrets `host` authenticates with on a volume's NVMe export: live at
-    /// once (the host's next authentication uses them) and recorded. The host need not be
-    /// allowed yet: setting its secret first means it never connects without one.
-    pub fn set_nvme_host_keys(
-        &self,
-        pool: &str,
-        vol: &str,
-        host: &str,
-        secret: &str,
-        ctrl: Option<&str>,
-    ) -> Result<NvmeExportView, ApiError> {
-        check_nqn("the host NQN", host)?;
-        let keys = parse_keys(secret, ctrl)?;
-        let (_, v) = self.volume(pool, vol)?;
-        let c: NvmeExportConfig = (v.props.get(NVME_PROP))
-            .and_then(|c| serde_json::from_str(c).ok())
-            .ok_or_else(|| {
-                ApiError::not_found(format!(
-                    "volume {pool}/{vol} is not exported over NVMe/TCP; export it first (`millrace export nvme add {pool}/{vol} --host NQN`)"
-                ))
-            })?;
-        let live = self.serving && self.nvmf.subsystems().iter().any(|s| s.nqn == c.nqn);
-        let old = keys_of(&self.home, pool, vol)?
-            .into_iter()
-            .find(|(h, _)| h == host)
-            .map(|(_, k)| k);
-        if live {
-            (self.nvmf)
-                .set_host_keys(&c.nqn, host, Some(keys.clone()))
-                .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        }
-        if let Err(e) = update(&self.home, |s| {
-            s.entry(key(pool, vol))
-                .or_default()
-                .insert(host.to_string(), stored(&keys));
-        }) {
-            if live {
-                let _ = self.nvmf.set_host_keys(&c.nqn, host, old);
-            }
-            return Err(e);
-        }
-        let subs = self.nvmf.subsystems();
-        let live = subs.iter().find(|s| s.nqn == c.nqn);
-        Ok(crate::exports::nvme_view(
-            self,
-            pool,
-            vol,
-            c,
-            live,
-            self.serving,
-        ))
-    }
 }
