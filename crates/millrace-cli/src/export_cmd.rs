@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use clap::Subcommand;
-use millrace_server::model::{AnaRequest, NbdExportRequest, NvmeExportRequest};
+use millrace_server::model::{
+    AnaRequest, NbdExportRequest, NvmeExportRequest, NvmeHostKeysRequest,
+};
 use serde_json::Value;
 
 use crate::format::table;
@@ -51,9 +53,14 @@ pub enum NvmeCmd {
         /// The namespace's ANA group, 1 to 128 (default 1); each path's state is kept per group.
         #[arg(long, value_name = "N")]
         ana_group: Option<u32>,
+        #[command(flatten)]
+        secrets: Secrets,
         #[arg(long)]
         json: bool,
     },
+    /// The hosts of an export: let one more connect, set or rotate its secrets.
+    #[command(subcommand)]
+    Host(HostCmd),
     /// Stop exporting a volume.
     Remove { volume: String },
     /// List NVMe/TCP exports.
@@ -64,6 +71,118 @@ pub enum NvmeCmd {
     /// Paths and their ANA states: how each listener reaches the export, for hosts' multipath.
     #[command(subcommand)]
     Ana(AnaCmd),
+}
+
+/// In-band authentication (DH-HMAC-CHAP): files holding the secrets, as
+/// `nvme gen-dhchap-key` prints them (`DHHC-1:XX:BASE64:`).
+#[derive(clap::Args)]
+pub struct Secrets {
+    /// A file with the host's DH-HMAC-CHAP secret: the host must authenticate with it.
+    #[arg(long, value_name = "FILE")]
+    dhchap_secret: Option<PathBuf>,
+    /// A file with the controller's secret: the export proves itself to the host too
+    /// (bidirectional; needs --dhchap-secret).
+    #[arg(long, value_name = "FILE", requires = "dhchap_secret")]
+    dhchap_ctrl_secret: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+pub enum HostCmd {
+    /// Let one more host connect to an export (with --dhchap-secret, it must authenticate;
+    /// the secret is set before the host is let in).
+    Add {
+        /// POOL/VOLUME
+        volume: String,
+        /// The host's NQN (its /etc/nvme/hostnqn).
+        host: String,
+        #[command(flatten)]
+        secrets: Secrets,
+    },
+    /// Set or rotate the DH-HMAC-CHAP secrets a host authenticates with; its next
+    /// authentication uses them.
+    #[command(
+        after_help = "Example:\n  nvme gen-dhchap-key -n HOSTNQN > host.key\n  millrace export nvme host set-key tank/db HOSTNQN --dhchap-secret host.key"
+    )]
+    SetKey {
+        /// POOL/VOLUME
+        volume: String,
+        /// The host's NQN.
+        host: String,
+        #[command(flatten)]
+        secrets: Secrets,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Reads and checks a secret file; errors name the file, never its content.
+fn read_secret(what: &str, path: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read the {what} file {}: {e}", path.display()))?;
+    millrace_server::nvme_auth::check_secret(&text)
+        .map_err(|e| anyhow::anyhow!("the {what} in {} is refused: {e}", path.display()))
+}
+
+impl Secrets {
+    /// The host's secret and the controller's, read and checked.
+    fn read(&self) -> Result<(Option<String>, Option<String>)> {
+        let host = (self.dhchap_secret.as_deref())
+            .map(|p| read_secret("DH-HMAC-CHAP secret", p))
+            .transpose()?;
+        let ctrl = (self.dhchap_ctrl_secret.as_deref())
+            .map(|p| read_secret("DH-HMAC-CHAP controller secret", p))
+            .transpose()?;
+        Ok((host, ctrl))
+    }
+}
+
+fn host_cmd(svc: &dyn Service, cmd: HostCmd) -> Result<()> {
+    match cmd {
+        HostCmd::Add {
+            volume,
+            host,
+            secrets,
+        } => {
+            let (pool, vol) = split(&volume)?;
+            let (secret, ctrl) = secrets.read()?;
+            if let Some(s) = secret {
+                let req = NvmeHostKeysRequest {
+                    dhchap_secret: s,
+                    dhchap_ctrl_secret: ctrl,
+                };
+                svc.set_nvme_host_keys(pool, vol, &host, req)?;
+            }
+            svc.add_nvme_host(pool, vol, &host)?;
+            println!("{host} may connect to {volume}{}", when(svc));
+            Ok(())
+        }
+        HostCmd::SetKey {
+            volume,
+            host,
+            secrets,
+            json,
+        } => {
+            let (pool, vol) = split(&volume)?;
+            let (Some(secret), ctrl) = secrets.read()? else {
+                anyhow::bail!("give the host's secret with --dhchap-secret FILE");
+            };
+            let req = NvmeHostKeysRequest {
+                dhchap_secret: secret,
+                dhchap_ctrl_secret: ctrl,
+            };
+            let v = svc.set_nvme_host_keys(pool, vol, &host, req)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                let mode = v.dhchap.get(&host).map_or("host", |m| m.as_str());
+                println!(
+                    "{host} authenticates to {volume} with its new secret ({mode}){}",
+                    when(svc)
+                );
+            }
+            Ok(())
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -162,11 +281,7 @@ fn list(svc: &dyn Service, json: bool, only: Option<&str>) -> Result<()> {
             format!("{}/{}", e.pool, e.volume),
             "nvme-tcp".into(),
             name.join("\n"),
-            if e.allow_any_host {
-                "any host".into()
-            } else {
-                e.hosts.join("\n")
-            },
+            allowed(e),
             match (live, connections.is_empty()) {
                 (false, _) => not_running(),
                 (true, true) => "0".into(),
@@ -200,6 +315,21 @@ fn list(svc: &dyn Service, json: bool, only: Option<&str>) -> Result<()> {
         println!("{t}");
     }
     Ok(())
+}
+
+/// An NVMe export's allowed hosts, one a line, each with its authentication when it has one:
+/// "HOSTNQN (dhchap: host)".
+fn allowed(e: &millrace_server::model::NvmeExportView) -> String {
+    let mut v: Vec<String> = (e.hosts.iter())
+        .map(|h| match e.dhchap.get(h).map(String::as_str) {
+            None | Some("none") => h.clone(),
+            Some(m) => format!("{h} (dhchap: {m})"),
+        })
+        .collect();
+    if e.allow_any_host {
+        v.insert(0, "any host".into());
+    }
+    v.join("\n")
 }
 
 /// An NVMe export's paths, one line each: "path tcp 10.0.0.5:4420 optimized (ANA group 1)".
@@ -264,16 +394,21 @@ pub fn run(home: &Path, svc: &dyn Service, cmd: ExportCmd) -> Result<()> {
         ExportCmd::Nvme(NvmeCmd::List { json }) => list(svc, json, Some("nvme")),
         ExportCmd::Nbd(NbdCmd::List { json }) => list(svc, json, Some("nbd")),
         ExportCmd::Nvme(NvmeCmd::Ana(cmd)) => set_ana(svc, cmd),
+        ExportCmd::Nvme(NvmeCmd::Host(cmd)) => host_cmd(svc, cmd),
         ExportCmd::Nvme(NvmeCmd::Add {
             volume,
             hosts,
             allow_any_host,
             nqn,
             ana_group,
+            secrets,
             json,
         }) => {
             let (pool, vol) = split(&volume)?;
+            let (dhchap_secret, dhchap_ctrl_secret) = secrets.read()?;
             let c = svc.add_nvme(NvmeExportRequest {
+                dhchap_secret,
+                dhchap_ctrl_secret,
                 pool: pool.into(),
                 volume: vol.into(),
                 nqn,

@@ -28,6 +28,14 @@ pub trait Service {
     fn add_nvme(&self, req: NvmeExportRequest) -> Result<NvmeExportConfig>;
     fn remove_nvme(&self, pool: &str, vol: &str) -> Result<Removed>;
     fn set_nvme_ana(&self, pool: &str, vol: &str, req: AnaRequest) -> Result<NvmeExportView>;
+    fn add_nvme_host(&self, pool: &str, vol: &str, host: &str) -> Result<NvmeExportConfig>;
+    fn set_nvme_host_keys(
+        &self,
+        pool: &str,
+        vol: &str,
+        host: &str,
+        req: NvmeHostKeysRequest,
+    ) -> Result<NvmeExportView>;
     fn add_nbd(&self, req: NbdExportRequest) -> Result<NbdExportConfig>;
     fn remove_nbd(&self, pool: &str, vol: &str) -> Result<Removed>;
     fn shares(&self) -> Result<ShareList>;
@@ -157,6 +165,18 @@ impl Service for InProcess {
             "no server is running here; ANA states are held by a running server, so start `millrace serve` first"
         ))
     }
+    fn add_nvme_host(&self, pool: &str, vol: &str, host: &str) -> Result<NvmeExportConfig> {
+        self.call(|s| service::add_nvme_host(s, pool, vol, host))
+    }
+    fn set_nvme_host_keys(
+        &self,
+        pool: &str,
+        vol: &str,
+        host: &str,
+        req: NvmeHostKeysRequest,
+    ) -> Result<NvmeExportView> {
+        self.call(|s| service::set_nvme_host_keys(s, pool, vol, host, req))
+    }
     fn add_nbd(&self, req: NbdExportRequest) -> Result<NbdExportConfig> {
         self.call(|s| service::add_nbd(s, req))
     }
@@ -274,6 +294,30 @@ impl Service for Http<'_> {
     }
     fn set_nvme_ana(&self, pool: &str, vol: &str, req: AnaRequest) -> Result<NvmeExportView> {
         let path = format!("/api/v1/exports/nvme/{}/{}/ana", seg(pool), seg(vol));
+        self.0.put_as(&path, &req)
+    }
+    fn add_nvme_host(&self, pool: &str, vol: &str, host: &str) -> Result<NvmeExportConfig> {
+        let path = format!(
+            "/api/v1/exports/nvme/{}/{}/hosts/{}",
+            seg(pool),
+            seg(vol),
+            seg(host)
+        );
+        self.0.put_as(&path, &serde_json::json!({}))
+    }
+    fn set_nvme_host_keys(
+        &self,
+        pool: &str,
+        vol: &str,
+        host: &str,
+        req: NvmeHostKeysRequest,
+    ) -> Result<NvmeExportView> {
+        let path = format!(
+            "/api/v1/exports/nvme/{}/{}/hosts/{}/dhchap",
+            seg(pool),
+            seg(vol),
+            seg(host)
+        );
         self.0.put_as(&path, &req)
     }
     fn add_nbd(&self, req: NbdExportRequest) -> Result<NbdExportConfig> {

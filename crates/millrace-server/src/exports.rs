@@ -46,21 +46,26 @@ impl State {
     ) -> Result<(), ApiError> {
         let dev = self.metered(pool, e, v)?;
         let serial: String = v.uuid.simple().to_string()[..20].to_uppercase();
+        // With its hosts' secrets from the start: no window in which they connect without.
+        let keys = crate::nvme_auth::keys_of(&self.home, pool, &v.name)?;
         self.nvmf
-            .add_subsystem(millrace_nvmf::SubsystemConfig {
-                nqn: c.nqn.clone(),
-                serial,
-                model: "Millrace Volume".into(),
-                namespaces: vec![millrace_nvmf::Namespace {
-                    nsid: 1,
-                    dev,
-                    uuid: uuid_bytes(v),
-                    nguid: uuid_bytes(v),
-                    ana_group: c.ana_group,
-                }],
-                allowed_hosts: c.hosts.clone(),
-                allow_any_host: c.allow_any_host,
-            })
+            .add_subsystem_with_keys(
+                millrace_nvmf::SubsystemConfig {
+                    nqn: c.nqn.clone(),
+                    serial,
+                    model: "Millrace Volume".into(),
+                    namespaces: vec![millrace_nvmf::Namespace {
+                        nsid: 1,
+                        dev,
+                        uuid: uuid_bytes(v),
+                        nguid: uuid_bytes(v),
+                        ana_group: c.ana_group,
+                    }],
+                    allowed_hosts: c.hosts.clone(),
+                    allow_any_host: c.allow_any_host,
+                },
+                keys,
+            )
             .map_err(|e| ApiError::conflict(e.to_string()))
     }
 
@@ -152,6 +157,7 @@ impl State {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub fn add_nvme_export(
         &self,
         pool: &str,
@@ -160,6 +166,7 @@ impl State {
         hosts: Vec<String>,
         allow_any_host: bool,
         ana_group: Option<u32>,
+        keys: Option<millrace_nvmf::dhchap::HostKeys>,
     ) -> Result<NvmeExportConfig, ApiError> {
         let (e, v) = self.volume(pool, vol)?;
         let ana_group = ana_group.unwrap_or(1);
@@ -195,8 +202,26 @@ impl State {
             allow_any_host,
             ana_group,
         };
+        if let Some(k) = &keys {
+            if c.hosts.is_empty() {
+                return Err(ApiError::bad_request(format!(
+                    "a DH-HMAC-CHAP secret is for named hosts: give --host NQN for {pool}/{vol}"
+                )));
+            }
+            // A new export starts with these secrets alone (none left from an earlier one).
+            crate::nvme_auth::forget(&self.home, pool, vol, None)?;
+            crate::nvme_auth::record(&self.home, pool, vol, &c.hosts, k)?;
+        }
+        let undo = |s: &Self| {
+            if keys.is_some() {
+                let _ = crate::nvme_auth::forget(&s.home, pool, vol, None);
+            }
+        };
         if self.serving {
-            self.start_nvme(pool, &e, &v, &c)?;
+            if let Err(err) = self.start_nvme(pool, &e, &v, &c) {
+                undo(self);
+                return Err(err);
+            }
         }
         // Recorded only once it serves, and withdrawn if it cannot be recorded: nothing half-applied.
         if let Err(err) =
@@ -204,6 +229,7 @@ impl State {
                 .set_prop(vol, NVME_PROP, Some(&serde_json::to_string(&c).unwrap()))
         {
             let _ = self.nvmf.remove_subsystem(&c.nqn);
+            undo(self);
             return Err(ApiError::internal(err.to_string()));
         }
         Ok(c)
@@ -223,6 +249,7 @@ impl State {
         if let Some(c) = c {
             let _ = self.nvmf.remove_subsystem(&c.nqn);
         }
+        crate::nvme_auth::forget(&self.home, pool, vol, None)?;
         Ok(())
     }
 
@@ -250,7 +277,13 @@ impl State {
         vol: &str,
         host: &str,
     ) -> Result<NvmeExportConfig, ApiError> {
-        self.change_nvme_hosts(pool, vol, |hosts| hosts.retain(|h| h != host))
+        let c = self.change_nvme_hosts(pool, vol, |hosts| hosts.retain(|h| h != host))?;
+        // Its secrets go with it: allowed again later, it starts without.
+        if self.serving {
+            let _ = self.nvmf.set_host_keys(&c.nqn, host, None);
+        }
+        crate::nvme_auth::forget(&self.home, pool, vol, Some(host))?;
+        Ok(c)
     }
 
     fn change_nvme_hosts(
@@ -339,7 +372,7 @@ impl State {
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         let subs = self.nvmf.subsystems();
         let live = subs.iter().find(|s| s.nqn == c.nqn);
-        Ok(nvme_view(pool, vol, c, live, true))
+        Ok(nvme_view(self, pool, vol, c, live, true))
     }
 
     pub fn add_nbd_export(
@@ -434,7 +467,7 @@ impl State {
                 {
                     let live = subs.iter().find(|s| s.nqn == c.nqn);
                     view.nvme
-                        .push(nvme_view(&pool, &v.name, c, live, listening));
+                        .push(nvme_view(self, &pool, &v.name, c, live, listening));
                 }
                 if let Some(c) = v
                     .props
@@ -460,8 +493,54 @@ impl State {
     }
 }
 
+/// In-band authentication (the secrets are kept by `nvme_auth`).
+impl State {
+    /// Sets or rotates the secrets `host` authenticates with on a volume's NVMe export: live at
+    /// once (the host's next authentication uses them) and recorded. The host need not be
+    /// allowed yet: setting its secret first means it never connects without one.
+    pub fn set_nvme_host_keys(
+        &self,
+        pool: &str,
+        vol: &str,
+        host: &str,
+        secret: &str,
+        ctrl: Option<&str>,
+    ) -> Result<NvmeExportView, ApiError> {
+        check_nqn("the host NQN", host)?;
+        let keys = crate::nvme_auth::parse_keys(secret, ctrl)?;
+        let (_, v) = self.volume(pool, vol)?;
+        let c: NvmeExportConfig = (v.props.get(NVME_PROP))
+            .and_then(|c| serde_json::from_str(c).ok())
+            .ok_or_else(|| {
+                ApiError::not_found(format!(
+                    "volume {pool}/{vol} is not exported over NVMe/TCP; export it first (`millrace export nvme add {pool}/{vol} --host NQN`)"
+                ))
+            })?;
+        let live = self.serving && self.nvmf.subsystems().iter().any(|s| s.nqn == c.nqn);
+        let old = crate::nvme_auth::keys_of(&self.home, pool, vol)?
+            .into_iter()
+            .find(|(h, _)| h == host)
+            .map(|(_, k)| k);
+        if live {
+            (self.nvmf)
+                .set_host_keys(&c.nqn, host, Some(keys.clone()))
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        }
+        if let Err(e) = crate::nvme_auth::set(&self.home, pool, vol, host, &keys) {
+            if live {
+                let _ = self.nvmf.set_host_keys(&c.nqn, host, old);
+            }
+            return Err(e);
+        }
+        let subs = self.nvmf.subsystems();
+        let live = subs.iter().find(|s| s.nqn == c.nqn);
+        Ok(nvme_view(self, pool, vol, c, live, self.serving))
+    }
+}
+
 /// An NVMe export as the API shows it: its settings, and when live its connections and paths.
-fn nvme_view(
+pub(crate) fn nvme_view(
+    state: &State,
     pool: &str,
     vol: &str,
     c: NvmeExportConfig,
@@ -486,6 +565,7 @@ fn nvme_view(
         })
         .collect();
     NvmeExportView {
+        dhchap: crate::nvme_auth::modes(&state.home, pool, vol, &c.hosts),
         pool: pool.to_string(),
         volume: vol.to_string(),
         nqn: c.nqn,

@@ -21,6 +21,7 @@ mod metered;
 mod metrics;
 pub mod model;
 pub mod nfs_rdma;
+pub mod nvme_auth;
 mod pools;
 mod props;
 mod rdma;

@@ -343,6 +343,30 @@ fn register_ana(reg: &mut Registry, state: &State) {
     }
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AuthL {
+    subsystem: String,
+    result: String,
+}
+
+/// In-band authentications (DH-HMAC-CHAP) per subsystem, succeeded and failed.
+fn register_auth(reg: &mut Registry, state: &State) {
+    let auth: Family<AuthL, Counter> = family(
+        reg,
+        "millrace_nvme_auth",
+        "DH-HMAC-CHAP authentications of hosts per NVMe subsystem, by result (succeeded, failed)",
+    );
+    for i in state.nvmf.auth_info() {
+        for (result, n) in [("succeeded", i.succeeded), ("failed", i.failed)] {
+            let l = AuthL {
+                subsystem: i.nqn.clone(),
+                result: result.into(),
+            };
+            auth.get_or_create(&l).inc_by(n);
+        }
+    }
+}
+
 /// NVMe/RDMA: queues (RDMA connections) of every listener; refusals, by the transport and by
 /// the target (a Connect over RDMA refused: each counted under the transport it came on); and
 /// the hosts connected per transport.
@@ -488,6 +512,7 @@ pub fn render(state: &State) -> String {
     }
     pools.observe_scrubs(state);
     register_exports(&mut reg, state);
+    register_auth(&mut reg, state);
     register_data_path(&mut reg, state);
     crate::rdma::register_metrics(&mut reg);
     let up = Ratio::default();

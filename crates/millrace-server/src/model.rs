@@ -247,6 +247,10 @@ pub struct NvmeExportView {
     /// Each path (listener) to the export, with its ANA state (empty while not serving).
     #[serde(default)]
     pub paths: Vec<NvmePath>,
+    /// In-band authentication (DH-HMAC-CHAP) per host: `none`, `host` (the host proves
+    /// itself) or `bidirectional` (the controller too). Never the secrets.
+    #[serde(default)]
+    pub dhchap: std::collections::BTreeMap<String, String>,
 }
 
 fn one() -> u32 {
@@ -304,7 +308,7 @@ pub struct NbdExportView {
     pub connected: Vec<String>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, ToSchema)]
 pub struct NvmeExportRequest {
     pub pool: String,
     pub volume: String,
@@ -318,6 +322,40 @@ pub struct NvmeExportRequest {
     /// The namespace's ANA group, 1 to 128 (default 1).
     #[serde(default)]
     pub ana_group: Option<u32>,
+    /// A DH-HMAC-CHAP secret (`DHHC-1:XX:BASE64:`, as `nvme gen-dhchap-key` prints it) every
+    /// named host must authenticate with. Kept by the server, never returned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_secret: Option<String>,
+    /// The controller's secret, for bidirectional authentication (needs dhchap_secret).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_ctrl_secret: Option<String>,
+}
+
+impl std::fmt::Debug for NvmeExportRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (f.debug_struct("NvmeExportRequest"))
+            .field("pool", &self.pool)
+            .field("volume", &self.volume)
+            .field("nqn", &self.nqn)
+            .field("hosts", &self.hosts)
+            .field("allow_any_host", &self.allow_any_host)
+            .field("ana_group", &self.ana_group)
+            .field(
+                "dhchap_secret",
+                &self.dhchap_secret.as_ref().map(|_| "hidden"),
+            )
+            .finish()
+    }
+}
+
+/// A host's DH-HMAC-CHAP secrets on an export, to set or rotate them.
+#[derive(Serialize, Deserialize, Clone, ToSchema)]
+pub struct NvmeHostKeysRequest {
+    /// The host's secret, `DHHC-1:XX:BASE64:`.
+    pub dhchap_secret: String,
+    /// The controller's secret, for bidirectional authentication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_ctrl_secret: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]

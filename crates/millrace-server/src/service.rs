@@ -158,6 +158,14 @@ pub fn exports(s: &Arc<State>) -> R<ExportsView> {
 }
 
 pub fn add_nvme(s: &Arc<State>, req: NvmeExportRequest) -> R<NvmeExportConfig> {
+    let keys =
+        match (&req.dhchap_secret, &req.dhchap_ctrl_secret) {
+            (None, None) => None,
+            (None, Some(_)) => return Err(ApiError::bad_request(
+                "a DH-HMAC-CHAP controller secret needs the host's secret too (--dhchap-secret)",
+            )),
+            (Some(h), c) => Some(crate::nvme_auth::parse_keys(h, c.as_deref())?),
+        };
     s.add_nvme_export(
         &req.pool,
         &req.volume,
@@ -165,6 +173,23 @@ pub fn add_nvme(s: &Arc<State>, req: NvmeExportRequest) -> R<NvmeExportConfig> {
         req.hosts,
         req.allow_any_host,
         req.ana_group,
+        keys,
+    )
+}
+
+pub fn set_nvme_host_keys(
+    s: &Arc<State>,
+    pool: &str,
+    vol: &str,
+    host: &str,
+    req: NvmeHostKeysRequest,
+) -> R<NvmeExportView> {
+    s.set_nvme_host_keys(
+        pool,
+        vol,
+        host,
+        &req.dhchap_secret,
+        req.dhchap_ctrl_secret.as_deref(),
     )
 }
 

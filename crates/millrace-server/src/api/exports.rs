@@ -24,6 +24,7 @@ pub(super) fn routes(r: OpenApiRouter<Arc<State>>) -> OpenApiRouter<Arc<State>> 
         .routes(routes!(remove_nvme))
         .routes(routes!(add_nvme_host, remove_nvme_host))
         .routes(routes!(set_nvme_ana))
+        .routes(routes!(set_nvme_host_keys))
         .routes(routes!(add_nbd))
         .routes(routes!(remove_nbd))
         .routes(routes!(shares, create_share))
@@ -96,6 +97,22 @@ async fn set_nvme_ana(
     Body(r): Body<AnaRequest>,
 ) -> R<NvmeExportView> {
     blocking(move || service::set_nvme_ana(&s, &p, &v, r))
+        .await
+        .map(Json)
+}
+
+/// Set or rotate the DH-HMAC-CHAP secrets a host (its NQN, percent-encoded) authenticates with
+/// on a volume's NVMe export; the host's next authentication uses them. Never returned
+#[utoipa::path(put, path = "/api/v1/exports/nvme/{pool}/{vol}/hosts/{host}/dhchap", tag = "exports",
+    params(("pool" = String, Path), ("vol" = String, Path), ("host" = String, Path)),
+    request_body = NvmeHostKeysRequest,
+    responses((status = 200, description = "The export", body = NvmeExportView)))]
+async fn set_nvme_host_keys(
+    AxState(s): S,
+    P((p, v, h)): P<(String, String, String)>,
+    Body(r): Body<NvmeHostKeysRequest>,
+) -> R<NvmeExportView> {
+    blocking(move || service::set_nvme_host_keys(&s, &p, &v, &h, r))
         .await
         .map(Json)
 }
