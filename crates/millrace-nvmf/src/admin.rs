@@ -5,6 +5,7 @@
 use crate::ana;
 use crate::cmd::{admin, prop, Sqe, Status};
 use crate::model::{Controller, Inner, Ns, Transport, TransportInfo, AERL, DISCOVERY_NQN};
+use crate::resv_commands;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 
@@ -171,6 +172,7 @@ pub(crate) fn identify_controller(x: &Ctx) -> Vec<u8> {
     b[77] = mdts(t);
     put16(&mut b, 78, x.ctrl.cntlid);
     put32(&mut b, 80, NVME_VERSION);
+    put32(&mut b, 96, 1); // CTRATT: 128-bit host identifiers (Connect's HOSTID)
     if s.discovery {
         put32(&mut b, 92, 1 << 31); // OAES: discovery log change notices
     } else {
@@ -197,7 +199,8 @@ pub(crate) fn identify_controller(x: &Ctx) -> Vec<u8> {
     if !s.discovery {
         // NN: the largest namespace id the subsystem could hold.
         put32(&mut b, 516, 1024);
-        put16(&mut b, 520, 1 << 2 | 1 << 3); // ONCS: Dataset Management, Write Zeroes
+        // ONCS: Dataset Management, Write Zeroes, reservations.
+        put16(&mut b, 520, 1 << 2 | 1 << 3 | 1 << 5);
         b[525] = 1; // VWC: a volatile write cache, so hosts send Flush
         put32(&mut b, 540, 1024); // MNAN
     }
@@ -238,6 +241,7 @@ pub(crate) fn identify_namespace(ns: &Ns) -> Vec<u8> {
     b[25] = 0; // NLBAF: one format
     b[26] = 0; // FLBAS: format 0
     b[30] = 1; // NMIC: may be shared by several controllers
+    b[31] = resv_commands::RESCAP; // PTPL added by Identify where reservations are recorded
     b[33] = 1; // DLFEAT: deallocated blocks read as zeroes
     if ns.pref_blocks > 0 {
         // As md reports io_min and io_opt: writes of a strip, aligned to one, are the
@@ -302,7 +306,11 @@ fn identify(x: &Ctx, sqe: &Sqe) -> Reply {
     let nsid = sqe.nsid();
     match cns {
         0x00 => match s.ns(nsid) {
-            Some(ns) => with_data(identify_namespace(&ns)),
+            Some(ns) => {
+                let mut b = identify_namespace(&ns);
+                b[31] |= resv_commands::ptpl_capable(x.t) as u8;
+                with_data(b)
+            }
             // An inactive id inside the supported range reads as zeroes.
             None if nsid != 0 && nsid <= 1024 && !s.discovery => with_data(vec![0; 4096]),
             None => err(Status::INVALID_NAMESPACE),
@@ -362,6 +370,8 @@ fn get_log_page(x: &Ctx, sqe: &Sqe) -> Reply {
             b
         }
         0x0c if !s.discovery => ana_log(x, (c10 >> 8) & 0xf),
+        // RAE (bit 15): the notice stays outstanding.
+        0x80 if !s.discovery => resv_commands::log_page(x.ctrl, off == 0, c10 & 1 << 15 != 0),
         0x70 if s.discovery => discovery_log(x),
         _ => return err(Status::INVALID_LOG_PAGE),
     };
@@ -482,6 +492,10 @@ fn set_features(x: &Ctx, sqe: &Sqe) -> Reply {
         }
         // Volatile write cache: the devices flush on Flush either way; accept the setting.
         0x06 => ok(0),
+        0x82 | 0x83 if !c.subsys.discovery => match resv_commands::set_feature(x.t, c, sqe) {
+            Ok(r) => ok(r),
+            Err(st) => err(st),
+        },
         _ => err(Status::INVALID_FIELD),
     }
 }
@@ -501,6 +515,14 @@ fn get_features(x: &Ctx, sqe: &Sqe) -> Reply {
         0x08 => ok(0),
         0x0b => ok(c.aen.lock().config as u64),
         0x0f => ok(c.kato_ms.load(Ordering::Relaxed) as u64),
+        0x81..=0x83 if !c.subsys.discovery => match resv_commands::get_feature(c, sqe) {
+            Ok((result, data)) => Reply {
+                status: Status::SUCCESS,
+                result,
+                data,
+            },
+            Err(st) => err(st),
+        },
         _ => err(Status::INVALID_FIELD),
     }
 }

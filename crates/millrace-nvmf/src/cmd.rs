@@ -38,6 +38,10 @@ pub mod io {
     pub const READ: u8 = 0x02;
     pub const WRITE_ZEROES: u8 = 0x08;
     pub const DATASET_MANAGEMENT: u8 = 0x09;
+    pub const RESERVATION_REGISTER: u8 = 0x0d;
+    pub const RESERVATION_REPORT: u8 = 0x0e;
+    pub const RESERVATION_ACQUIRE: u8 = 0x11;
+    pub const RESERVATION_RELEASE: u8 = 0x15;
 }
 
 /// Controller properties (the Fabrics stand-ins for PCIe registers).
@@ -71,6 +75,13 @@ impl Status {
     /// A data digest did not match: the host may retry, the connection stays up.
     pub const TRANSIENT_TRANSPORT_ERROR: Status = Status::generic(0x22);
     pub const LBA_OUT_OF_RANGE: Status = Status::generic(0x80).dnr();
+    /// A host without the reservation (or the registration) a command needs.
+    pub const RESERVATION_CONFLICT: Status = Status::generic(0x83).dnr();
+    /// A Reservation Report without the extended data structure, from a target whose host
+    /// identifiers are 128-bit.
+    pub const HOST_ID_INCONSISTENT_FORMAT: Status = Status::generic(0x18).dnr();
+    /// Try again: the command met another in progress (NVMe 1.4).
+    pub const COMMAND_INTERRUPTED: Status = Status::generic(0x21);
     pub const INVALID_LOG_PAGE: Status = Status::specific(0x09).dnr();
     pub const AER_LIMIT_EXCEEDED: Status = Status::specific(0x05).dnr();
     pub const FEATURE_NOT_SAVEABLE: Status = Status::specific(0x0d).dnr();

@@ -9,6 +9,7 @@
 
 use crate::cmd::{self, io, Sqe, Status};
 use crate::model::{Ns, Subsystem};
+use crate::reservation::Access;
 use millrace_block::BlockDevice;
 use millrace_io::share::{Held, Share};
 use millrace_io::{BufPool, IoBuf};
@@ -35,6 +36,10 @@ pub(crate) struct IoQueue {
     pub pool: BufPool,
     /// The host's share of the pool, which its data buffers count against.
     pub share: Share,
+    /// The host (its identifier and NQN), as reservations know it.
+    pub host: crate::resv_commands::Host,
+    /// Where reservations that persist through power loss are recorded.
+    pub store: Option<crate::reservation::ReservationStore>,
 }
 
 /// One admitted I/O command, ready to run in a task of its own.
@@ -154,6 +159,13 @@ impl IoCommand {
 
     async fn go(&self, data: Option<IoBuf>) -> Result<IoDone, Status> {
         let s = &self.sqe;
+        if crate::resv_commands::is_reservation(s.opcode()) {
+            return Ok(self.reservation(data).await);
+        }
+        // Counted while it runs (Preempt and Abort waits for it), and checked against the
+        // reservation held.
+        let _counted = self.ns.resv.enter();
+        self.admit_reserved()?;
         match s.opcode() {
             io::READ => self.read().await,
             io::WRITE => self.write(data).await,
@@ -172,6 +184,37 @@ impl IoCommand {
             }
             io::DATASET_MANAGEMENT => self.dataset_management(data).await,
             _ => Err(Status::INVALID_OPCODE),
+        }
+    }
+
+    /// Reservation Conflict for a command the reservation held does not allow this host (a
+    /// Flush of every namespace: on any of them).
+    fn admit_reserved(&self) -> Result<(), Status> {
+        let (h, op) = (&self.q.host.id, self.sqe.opcode());
+        let access = Access::of(op);
+        let conflict = match op == io::FLUSH && self.sqe.nsid() == u32::MAX {
+            true => (self.q.subsys.namespaces.load().iter()).any(|n| n.resv.conflicts(h, access)),
+            false => self.ns.resv.conflicts(h, access),
+        };
+        match conflict {
+            true => Err(Status::RESERVATION_CONFLICT),
+            false => Ok(()),
+        }
+    }
+
+    async fn reservation(&self, data: Option<IoBuf>) -> IoDone {
+        let q = &self.q;
+        let r = crate::resv_commands::Req {
+            subsys: &q.subsys,
+            ns: &self.ns,
+            host: &q.host,
+            store: q.store.as_ref(),
+            pool: &q.pool,
+            share: &q.share,
+        };
+        match crate::resv_commands::run(r, &self.sqe, data.as_deref(), self.c2h_len).await {
+            crate::resv_commands::Done::Status(st) => IoDone::Status(st),
+            crate::resv_commands::Done::Data { data, held } => IoDone::Read { data, held },
         }
     }
 

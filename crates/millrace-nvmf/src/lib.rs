@@ -25,8 +25,11 @@
 // The layers, each using only those below it:
 //   wire:       `cmd` (commands, statuses), `pdu` (NVMe/TCP framing), `error` (the API's errors)
 //   model:      subsystems, namespaces, controllers, counters (`model`)
-//               (`ana`: each path's ANA state per group, the ANA log page; below `model`)
-//   commands:   `admin` (admin commands), `io_commands` (the NVM command set)
+//               (`ana`: each path's ANA state per group, the ANA log page; `reservation`:
+//               each namespace's registrations and reservation, their rules and wire forms;
+//               both below `model`)
+//   commands:   `admin` (admin commands), `io_commands` (the NVM command set), both over
+//               `resv_commands` (reservation commands, notices, records, features)
 //   (each host's share of the buffer pool is a millrace_io::Shares keyed by host NQN)
 //   session:    one queue's command handling, transport-agnostic (`session`)
 //   transport:  NVMe/TCP (`tcp`, with `plug`: writes held for the one continuing them);
@@ -43,6 +46,8 @@ pub mod io_commands;
 mod model;
 pub mod pdu;
 mod plug;
+mod reservation;
+mod resv_commands;
 pub mod session;
 mod target;
 mod tcp;
@@ -53,6 +58,9 @@ pub use error::Error;
 pub use model::{
     Completer, HostInfo, Namespace, NamespaceInfo, PathInfo, Stats, SubsystemConfig, SubsystemInfo,
     TargetConfig, Transport, TransportInfo, DEFAULT_DISCOVERY_PORT, DEFAULT_IO_PORT, DISCOVERY_NQN,
+};
+pub use reservation::{
+    HostId, Registrant, ReservationState, ReservationStore, ReservationType, MAX_REGISTRANTS,
 };
 pub use session::{Action, ErrorCounter, Session};
 pub use target::{ListenerGuard, Target};

@@ -259,6 +259,8 @@ pub(crate) struct Ns {
     pub granule_blocks: u64,
     /// The namespace's ANA group (1 to `ANA_GROUP_MAX`).
     pub ana_group: u32,
+    /// Its persistent reservations (kept when the namespace is re-read after a resize).
+    pub resv: Arc<crate::reservation::NsResv>,
 }
 
 impl Ns {
@@ -317,6 +319,7 @@ impl Ns {
         Ok(Ns {
             granule_blocks,
             ana_group,
+            resv: Default::default(),
             nsid: n.nsid,
             dev: n.dev,
             uuid: n.uuid,
@@ -457,6 +460,8 @@ pub(crate) struct Controller {
     pub io_qids: Mutex<Vec<u16>>,
     pub aen: Mutex<AenState>,
     pub changed: Mutex<Vec<u32>>,
+    /// Its host's reservation notices and its notification masks.
+    pub resv_log: Mutex<crate::reservation::NoticeLog>,
     pub dead: CancellationToken,
 }
 
@@ -476,10 +481,11 @@ impl Controller {
         }
         self.event(AEN_NS_CHANGED, AEC_NS_ATTR);
     }
-    /// Reports an asynchronous event if the host enabled it.
+    /// Reports an asynchronous event if the host enabled it (`enable_bit` 0: an event no
+    /// Async Event Configuration bit controls, such as a reservation notice).
     pub fn event(&self, info: u32, enable_bit: u32) {
         let mut a = self.aen.lock();
-        if a.config & enable_bit == 0 {
+        if enable_bit != 0 && a.config & enable_bit == 0 {
             return;
         }
         if let (Some(cid), Some(tx)) = (a.waiting.front().copied(), a.tx.clone()) {
@@ -532,6 +538,9 @@ pub(crate) struct Inner {
     pub shutdown: CancellationToken,
     /// Each connected host's share of the pool.
     pub host_shares: millrace_io::Shares<String>,
+    /// Where namespaces' reservations that persist through power loss are recorded
+    /// (`Target::set_reservation_store`); none: hosts cannot ask for persistence.
+    pub resv_store: std::sync::OnceLock<crate::reservation::ReservationStore>,
 }
 
 impl Inner {
@@ -622,6 +631,7 @@ impl Inner {
                 tx: None,
             }),
             changed: Mutex::new(Vec::new()),
+            resv_log: Default::default(),
             dead: self.shutdown.child_token(),
         });
         cs.by_id.insert(cntlid, c.clone());

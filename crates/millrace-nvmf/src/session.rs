@@ -312,6 +312,11 @@ impl Session {
             subsys: ctrl.subsys.clone(),
             pool: self.pool.clone(),
             share: self.t.host_share(&ctrl.hostnqn),
+            host: crate::resv_commands::Host {
+                id: ctrl.hostid,
+                nqn: ctrl.hostnqn.clone(),
+            },
+            store: self.t.resv_store.get().cloned(),
         });
         self.q = Some(Bound {
             ctrl,

@@ -9,6 +9,7 @@ use crate::model::{
     Controllers, Counters, HostInfo, Inner, IoCounters, Namespace, NamespaceInfo, Ns, PathInfo,
     Port, Stats, Subsystem, SubsystemConfig, SubsystemInfo, TargetConfig, Transport, DISCOVERY_NQN,
 };
+use crate::reservation::{ReservationState, ReservationStore};
 use crate::session::Session;
 use crate::tcp;
 use arc_swap::ArcSwap;
@@ -75,6 +76,7 @@ impl Target {
                 epoch: Instant::now(),
                 shutdown: CancellationToken::new(),
                 host_shares: Default::default(),
+                resv_store: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -297,6 +299,58 @@ impl Target {
         Ok(())
     }
 
+    /// Records namespaces' reservations that persist through power loss with `store` (see
+    /// [`ReservationStore`]); without one, hosts cannot ask for persistence (RESCAP bit 0 is
+    /// clear). Set it before hosts connect; a second call is refused.
+    pub fn set_reservation_store(&self, store: ReservationStore) -> Result<(), Error> {
+        (self.inner.resv_store)
+            .set(store)
+            .map_err(|_| Error::Invalid("the target's reservation store is already set".into()))
+    }
+
+    fn subsystem_ns(&self, nqn: &str, nsid: u32) -> Result<(Arc<Subsystem>, Arc<Ns>), Error> {
+        let s = (self.inner.subsystems.read().get(nqn).cloned())
+            .ok_or_else(|| Error::NoSuchSubsystem(nqn.into()))?;
+        let ns = s.ns(nsid).ok_or_else(|| Error::NoSuchNamespace {
+            nqn: nqn.into(),
+            nsid,
+        })?;
+        Ok((s, ns))
+    }
+
+    /// Puts a recorded reservation state back on a namespace (after a restart, before hosts
+    /// come back); a state that does not hold together is refused with a sentence.
+    pub fn restore_reservations(
+        &self,
+        nqn: &str,
+        nsid: u32,
+        state: ReservationState,
+    ) -> Result<(), Error> {
+        let (_, ns) = self.subsystem_ns(nqn, nsid)?;
+        crate::resv_commands::restore(&ns, state).map_err(|why| {
+            Error::Invalid(format!(
+                "the recorded reservations of namespace {nsid} of {nqn} do not hold together: {why}"
+            ))
+        })
+    }
+
+    /// Clears a namespace's reservation and every registration, as an operator fencing a
+    /// dead cluster does: the registered hosts are told their reservation was preempted, and
+    /// the change is recorded. Blocks (the record is written on this thread).
+    pub fn clear_reservations(&self, nqn: &str, nsid: u32) -> Result<(), Error> {
+        let (s, ns) = self.subsystem_ns(nqn, nsid)?;
+        crate::resv_commands::clear(&self.inner, &s, &ns).map_err(Error::Invalid)
+    }
+
+    /// Each namespace of a subsystem with its reservations.
+    pub fn reservations(&self, nqn: &str) -> Result<Vec<(u32, ReservationState)>, Error> {
+        let s = (self.inner.subsystems.read().get(nqn).cloned())
+            .ok_or_else(|| Error::NoSuchSubsystem(nqn.into()))?;
+        Ok((s.namespaces.load().iter())
+            .map(|n| (n.nsid, n.resv.snapshot()))
+            .collect())
+    }
+
     /// The command handling of one new queue of another transport (NVMe/RDMA): connect and
     /// admission, admin and I/O commands. `peer` is the host's address, `local` ours.
     pub fn session(&self, peer: SocketAddr, local: Option<SocketAddr>) -> Session {
@@ -348,13 +402,16 @@ impl Target {
             nqn: nqn.into(),
             nsid,
         })?;
-        let n = Arc::new(Ns::new(Namespace {
+        let mut n = Ns::new(Namespace {
             nsid,
             dev: old.dev.clone(),
             uuid: old.uuid,
             nguid: old.nguid,
             ana_group: old.ana_group,
-        })?);
+        })?;
+        // The same namespace, larger: its registrations and reservation stay.
+        n.resv = old.resv.clone();
+        let n = Arc::new(n);
         s.namespaces.rcu(|cur| {
             cur.iter()
                 .map(|m| if m.nsid == nsid { n.clone() } else { m.clone() })

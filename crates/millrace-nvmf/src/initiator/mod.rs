@@ -6,9 +6,11 @@
 mod auth;
 mod error;
 mod reader;
+mod resv;
 
 pub use auth::{auth_sqe, HostAuth};
 pub use error::Error;
+pub use resv::{ReportedRegistrant, ReservationReport};
 
 use crate::cmd::{admin, fctype, io, prop, ConnectData, Cqe, DsmRange, Sgl, Sqe, CONNECT_DATA_LEN};
 use crate::model::DISCOVERY_NQN;
