@@ -182,6 +182,12 @@ impl Target {
         Ok(())
     }
 
+    /// The live subsystem `nqn`, or the error that names it.
+    pub(crate) fn subsystem(&self, nqn: &str) -> Result<Arc<Subsystem>, Error> {
+        (self.inner.subsystems.read().get(nqn).cloned())
+            .ok_or_else(|| Error::NoSuchSubsystem(nqn.into()))
+    }
+
     /// Replaces the hosts allowed to connect to a live subsystem (its namespaces and the other
     /// hosts' connections stay as they are). A host no longer allowed is disconnected at once,
     /// so taking a host off an export ends its access, not only its next connect.
@@ -189,13 +195,7 @@ impl Target {
         for h in &hosts {
             check_nqn(h)?;
         }
-        let s = self
-            .inner
-            .subsystems
-            .read()
-            .get(nqn)
-            .cloned()
-            .ok_or_else(|| Error::NoSuchSubsystem(nqn.into()))?;
+        let s = self.subsystem(nqn)?;
         *s.allowed_hosts.write() = hosts;
         let gone: Vec<_> = (s.controllers.lock().by_id.values())
             .filter(|c| !s.host_allowed(&c.hostnqn))
@@ -261,13 +261,7 @@ impl Target {
         group: u32,
         state: AnaState,
     ) -> Result<(), Error> {
-        let s = self
-            .inner
-            .subsystems
-            .read()
-            .get(nqn)
-            .cloned()
-            .ok_or_else(|| Error::NoSuchSubsystem(nqn.into()))?;
+        let s = self.subsystem(nqn)?;
         let port = (self.inner.ports.lock().iter())
             .find(|p| p.transport == transport && p.addr == listener)
             .map(|p| p.id);
@@ -309,8 +303,7 @@ impl Target {
     }
 
     fn subsystem_ns(&self, nqn: &str, nsid: u32) -> Result<(Arc<Subsystem>, Arc<Ns>), Error> {
-        let s = (self.inner.subsystems.read().get(nqn).cloned())
-            .ok_or_else(|| Error::NoSuchSubsystem(nqn.into()))?;
+        let s = self.subsystem(nqn)?;
         let ns = s.ns(nsid).ok_or_else(|| Error::NoSuchNamespace {
             nqn: nqn.into(),
             nsid,
@@ -344,8 +337,7 @@ impl Target {
 
     /// Each namespace of a subsystem with its reservations.
     pub fn reservations(&self, nqn: &str) -> Result<Vec<(u32, ReservationState)>, Error> {
-        let s = (self.inner.subsystems.read().get(nqn).cloned())
-            .ok_or_else(|| Error::NoSuchSubsystem(nqn.into()))?;
+        let s = self.subsystem(nqn)?;
         Ok((s.namespaces.load().iter())
             .map(|n| (n.nsid, n.resv.snapshot()))
             .collect())
@@ -359,13 +351,7 @@ impl Target {
 
     /// Adds a namespace to a live subsystem; connected hosts get a namespace-changed event.
     pub fn add_namespace(&self, nqn: &str, n: Namespace) -> Result<(), Error> {
-        let s = self
-            .inner
-            .subsystems
-            .read()
-            .get(nqn)
-            .cloned()
-            .ok_or_else(|| Error::NoSuchSubsystem(nqn.into()))?;
+        let s = self.subsystem(nqn)?;
         let n = Arc::new(Ns::new(n)?);
         let nsid = n.nsid;
         let mut clash = false;
@@ -391,13 +377,7 @@ impl Target {
     /// Re-reads a namespace's size from its device (after the volume grew) and tells connected
     /// hosts with a namespace-changed event, so they rescan it.
     pub fn resize_namespace(&self, nqn: &str, nsid: u32) -> Result<(), Error> {
-        let s = self
-            .inner
-            .subsystems
-            .read()
-            .get(nqn)
-            .cloned()
-            .ok_or_else(|| Error::NoSuchSubsystem(nqn.into()))?;
+        let s = self.subsystem(nqn)?;
         let old = s.ns(nsid).ok_or_else(|| Error::NoSuchNamespace {
             nqn: nqn.into(),
             nsid,
@@ -422,13 +402,7 @@ impl Target {
     }
 
     pub fn remove_namespace(&self, nqn: &str, nsid: u32) -> Result<(), Error> {
-        let s = self
-            .inner
-            .subsystems
-            .read()
-            .get(nqn)
-            .cloned()
-            .ok_or_else(|| Error::NoSuchSubsystem(nqn.into()))?;
+        let s = self.subsystem(nqn)?;
         let mut found = false;
         s.namespaces.rcu(|cur| {
             let v: Vec<Arc<Ns>> = cur.iter().filter(|m| m.nsid != nsid).cloned().collect();

@@ -16,8 +16,7 @@ impl Target {
         keys: Option<HostKeys>,
     ) -> Result<(), Error> {
         check_nqn(host)?;
-        let s = (self.inner.subsystems.read().get(nqn).cloned())
-            .ok_or_else(|| Error::NoSuchSubsystem(nqn.into()))?;
+        let s = self.subsystem(nqn)?;
         let mut k = s.auth.keys.write();
         match keys {
             Some(keys) => k.insert(host.to_string(), keys),
