@@ -28,6 +28,7 @@ pub trait Service {
     fn add_nvme(&self, req: NvmeExportRequest) -> Result<NvmeExportConfig>;
     fn remove_nvme(&self, pool: &str, vol: &str) -> Result<Removed>;
     fn set_nvme_ana(&self, pool: &str, vol: &str, req: AnaRequest) -> Result<NvmeExportView>;
+    fn clear_nvme_reservation(&self, pool: &str, vol: &str) -> Result<NvmeExportView>;
     fn add_nbd(&self, req: NbdExportRequest) -> Result<NbdExportConfig>;
     fn remove_nbd(&self, pool: &str, vol: &str) -> Result<Removed>;
     fn shares(&self) -> Result<ShareList>;
@@ -157,6 +158,11 @@ impl Service for InProcess {
             "no server is running here; ANA states are held by a running server, so start `millrace serve` first"
         ))
     }
+    fn clear_nvme_reservation(&self, _pool: &str, _vol: &str) -> Result<NvmeExportView> {
+        Err(anyhow!(
+            "no server is running here; NVMe reservations are held by a running server, so start `millrace serve` first"
+        ))
+    }
     fn add_nbd(&self, req: NbdExportRequest) -> Result<NbdExportConfig> {
         self.call(|s| service::add_nbd(s, req))
     }
@@ -275,6 +281,14 @@ impl Service for Http<'_> {
     fn set_nvme_ana(&self, pool: &str, vol: &str, req: AnaRequest) -> Result<NvmeExportView> {
         let path = format!("/api/v1/exports/nvme/{}/{}/ana", seg(pool), seg(vol));
         self.0.put_as(&path, &req)
+    }
+    fn clear_nvme_reservation(&self, pool: &str, vol: &str) -> Result<NvmeExportView> {
+        let path = format!(
+            "/api/v1/exports/nvme/{}/{}/reservation",
+            seg(pool),
+            seg(vol)
+        );
+        self.0.delete_as(&path)
     }
     fn add_nbd(&self, req: NbdExportRequest) -> Result<NbdExportConfig> {
         self.0.post_as("/api/v1/exports/nbd", &req)
