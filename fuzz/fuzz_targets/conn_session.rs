@@ -17,7 +17,7 @@ use millrace_block::MemBlockDevice;
 use millrace_nvmf::cmd::{fctype, Sgl, Sqe};
 use millrace_nvmf::initiator::{connect_data, HostController, HostOptions};
 use millrace_nvmf::pdu::{self, encode, Ch, Head, IcReq, Negotiated, Side, CH_LEN, DIGEST_LEN};
-use millrace_nvmf::{Namespace, SubsystemConfig, Target, TargetConfig};
+use millrace_nvmf::{Namespace, ReservationStore, SubsystemConfig, Target, TargetConfig};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -61,6 +61,9 @@ fn world() -> &'static World {
         };
         let addr = rt.block_on(async {
             let t = Target::new(cfg);
+            // Reservations that persist are "recorded" nowhere, so their paths run.
+            let keep: ReservationStore = Arc::new(|_, _, _| Ok(()));
+            t.set_reservation_store(keep).expect("a store");
             t.add_subsystem(SubsystemConfig {
                 nqn: NQN.into(),
                 serial: "MR-FUZZ".into(),
@@ -70,6 +73,7 @@ fn world() -> &'static World {
                     dev: Arc::new(MemBlockDevice::new(1 << 20)),
                     uuid: [1; 16],
                     nguid: [2; 16],
+                    ana_group: 0,
                 }],
                 allowed_hosts: vec![HOST.into()],
                 allow_any_host: false,
