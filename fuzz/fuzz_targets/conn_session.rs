@@ -21,7 +21,7 @@ use millrace_nvmf::dhchap::msg::{Msg, Negotiate};
 use millrace_nvmf::dhchap::{Hash, HostKeys, Secret};
 use millrace_nvmf::initiator::{auth_sqe, connect_data, HostController, HostOptions};
 use millrace_nvmf::pdu::{self, encode, Ch, Head, IcReq, Negotiated, Side, CH_LEN, DIGEST_LEN};
-use millrace_nvmf::{Namespace, SubsystemConfig, Target, TargetConfig};
+use millrace_nvmf::{Namespace, ReservationStore, SubsystemConfig, Target, TargetConfig};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -67,6 +67,9 @@ fn world() -> &'static World {
         };
         let addr = rt.block_on(async {
             let t = Target::new(cfg);
+            // Reservations that persist are "recorded" nowhere, so their paths run.
+            let keep: ReservationStore = Arc::new(|_, _, _| Ok(()));
+            t.set_reservation_store(keep).expect("a store");
             t.add_subsystem(SubsystemConfig {
                 nqn: NQN.into(),
                 serial: "MR-FUZZ".into(),

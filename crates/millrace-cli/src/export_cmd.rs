@@ -71,6 +71,23 @@ pub enum NvmeCmd {
     /// Paths and their ANA states: how each listener reaches the export, for hosts' multipath.
     #[command(subcommand)]
     Ana(AnaCmd),
+    /// Persistent reservations hosts hold on an export (`export list` shows them).
+    #[command(subcommand)]
+    Reservation(ReservationCmd),
+}
+
+#[derive(Subcommand)]
+pub enum ReservationCmd {
+    /// Clear the export's reservation and every registration, as a cluster's own fencing
+    /// would: for an operator whose cluster holding it is gone. The registered hosts are told
+    /// their reservation was preempted; a state kept through restarts is cleared too.
+    #[command(after_help = "Example:\n  millrace export nvme reservation clear tank/quorum")]
+    Clear {
+        /// POOL/VOLUME
+        volume: String,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// In-band authentication (DH-HMAC-CHAP): files holding the secrets, as
@@ -277,6 +294,7 @@ fn list(svc: &dyn Service, json: bool, only: Option<&str>) -> Result<()> {
             .collect();
         let mut name = vec![e.nqn.clone()];
         name.extend(paths(e));
+        name.extend(reservation(e));
         t.add_row(vec![
             format!("{}/{}", e.pool, e.volume),
             "nvme-tcp".into(),
@@ -344,6 +362,42 @@ fn paths(e: &millrace_server::model::NvmeExportView) -> Vec<String> {
         .collect()
 }
 
+/// An NVMe export's reservation, when a host registered or holds one: "reservation
+/// write-exclusive held by NQN; 2 hosts registered (kept through restarts)".
+fn reservation(e: &millrace_server::model::NvmeExportView) -> Option<String> {
+    let r = e.reservation.as_ref()?;
+    if r.rtype.is_none() && r.registrants.is_empty() {
+        return None;
+    }
+    let held = match (&r.rtype, &r.holder) {
+        (None, _) => "none".to_string(),
+        (Some(t), Some(h)) => format!("{t} held by {h}"),
+        (Some(t), None) => format!("{t} held by every registrant"),
+    };
+    let n = r.registrants.len();
+    Some(format!(
+        "reservation {held}; {n} host{} registered{}",
+        if n == 1 { "" } else { "s" },
+        if r.ptpl {
+            " (kept through restarts)"
+        } else {
+            ""
+        }
+    ))
+}
+
+fn clear_reservation(svc: &dyn Service, cmd: ReservationCmd) -> Result<()> {
+    let ReservationCmd::Clear { volume, json } = cmd;
+    let (pool, vol) = split(&volume)?;
+    let v = svc.clear_nvme_reservation(pool, vol)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!("{volume}: reservation and registrations cleared; the hosts that were registered are told");
+    }
+    Ok(())
+}
+
 fn set_ana(svc: &dyn Service, cmd: AnaCmd) -> Result<()> {
     let AnaCmd::Set {
         volume,
@@ -395,6 +449,7 @@ pub fn run(home: &Path, svc: &dyn Service, cmd: ExportCmd) -> Result<()> {
         ExportCmd::Nbd(NbdCmd::List { json }) => list(svc, json, Some("nbd")),
         ExportCmd::Nvme(NvmeCmd::Ana(cmd)) => set_ana(svc, cmd),
         ExportCmd::Nvme(NvmeCmd::Host(cmd)) => host_cmd(svc, cmd),
+        ExportCmd::Nvme(NvmeCmd::Reservation(cmd)) => clear_reservation(svc, cmd),
         ExportCmd::Nvme(NvmeCmd::Add {
             volume,
             hosts,

@@ -36,6 +36,7 @@ pub trait Service {
         host: &str,
         req: NvmeHostKeysRequest,
     ) -> Result<NvmeExportView>;
+    fn clear_nvme_reservation(&self, pool: &str, vol: &str) -> Result<NvmeExportView>;
     fn add_nbd(&self, req: NbdExportRequest) -> Result<NbdExportConfig>;
     fn remove_nbd(&self, pool: &str, vol: &str) -> Result<Removed>;
     fn shares(&self) -> Result<ShareList>;
@@ -176,6 +177,11 @@ impl Service for InProcess {
         req: NvmeHostKeysRequest,
     ) -> Result<NvmeExportView> {
         self.call(|s| service::set_nvme_host_keys(s, pool, vol, host, req))
+    }
+    fn clear_nvme_reservation(&self, _pool: &str, _vol: &str) -> Result<NvmeExportView> {
+        Err(anyhow!(
+            "no server is running here; NVMe reservations are held by a running server, so start `millrace serve` first"
+        ))
     }
     fn add_nbd(&self, req: NbdExportRequest) -> Result<NbdExportConfig> {
         self.call(|s| service::add_nbd(s, req))
@@ -319,6 +325,14 @@ impl Service for Http<'_> {
             seg(host)
         );
         self.0.put_as(&path, &req)
+    }
+    fn clear_nvme_reservation(&self, pool: &str, vol: &str) -> Result<NvmeExportView> {
+        let path = format!(
+            "/api/v1/exports/nvme/{}/{}/reservation",
+            seg(pool),
+            seg(vol)
+        );
+        self.0.delete_as(&path)
     }
     fn add_nbd(&self, req: NbdExportRequest) -> Result<NbdExportConfig> {
         self.0.post_as("/api/v1/exports/nbd", &req)

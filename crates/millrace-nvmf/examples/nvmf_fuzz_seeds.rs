@@ -133,6 +133,156 @@ fn io_session(hd: bool, dd: bool) -> Vec<u8> {
     b
 }
 
+/// A reservation command: `op`, CDW10 and CDW11, its data in the capsule.
+fn resv(op: u8, cid: u16, c10: u32, c11: u32, data: &[u8], hd: bool, dd: bool) -> Vec<u8> {
+    let mut s = Sqe::new(op, cid, 1);
+    s.set_cdw(10, c10);
+    s.set_cdw(11, c11);
+    cmd(s, data, hd, dd)
+}
+
+fn keys(a: u64, b: u64) -> Vec<u8> {
+    [a.to_le_bytes(), b.to_le_bytes()].concat()
+}
+
+/// Reservations on an I/O queue: register (asking for persistence), replace with its data
+/// after an R2T, acquire, a write under it, a report, preempt and abort, release, clear; then
+/// malformed ones (`resv_malformed`).
+fn resv_session(hd: bool, dd: bool) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend(resv(
+        io::RESERVATION_REGISTER,
+        2,
+        3 << 30,
+        0,
+        &keys(0, 0xa),
+        hd,
+        dd,
+    ));
+    let mut replace = with_sgl(
+        Sqe::new(io::RESERVATION_REGISTER, 3, 1),
+        Sgl::Transport { len: 16 },
+    );
+    replace.set_cdw(10, 2);
+    b.extend(cmd(replace, &[], hd, dd));
+    let d = DataHdr {
+        cccid: 3,
+        ttag: 3,
+        datao: 0,
+        datal: 16,
+        last: true,
+        success: false,
+    };
+    b.extend(encode(&Head::H2CData(d), &keys(0xa, 0xb), hd, dd, 1));
+    b.extend(resv(
+        io::RESERVATION_ACQUIRE,
+        4,
+        2 << 8,
+        0,
+        &keys(0xb, 0),
+        hd,
+        dd,
+    ));
+    b.extend(cmd(rw(io::WRITE, 5, 0, 1), &[0x5a; 4096], hd, dd));
+    let mut report = Sqe::new(io::RESERVATION_REPORT, 6, 1);
+    report.set_cdw(10, 1023);
+    report.set_cdw(11, 1);
+    b.extend(cmd(
+        with_sgl(report, Sgl::Transport { len: 4096 }),
+        &[],
+        hd,
+        dd,
+    ));
+    b.extend(resv(
+        io::RESERVATION_ACQUIRE,
+        7,
+        2 | 6 << 8,
+        0,
+        &keys(0xb, 0),
+        hd,
+        dd,
+    ));
+    b.extend(resv(
+        io::RESERVATION_RELEASE,
+        8,
+        6 << 8,
+        0,
+        &0xbu64.to_le_bytes(),
+        hd,
+        dd,
+    ));
+    b.extend(resv(
+        io::RESERVATION_RELEASE,
+        9,
+        1,
+        0,
+        &0xbu64.to_le_bytes(),
+        hd,
+        dd,
+    ));
+    b.extend(resv_malformed(hd, dd));
+    b
+}
+
+/// A short key, a reserved type, a report without the extended structure, a report asking for
+/// more than its buffer.
+fn resv_malformed(hd: bool, dd: bool) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend(resv(io::RESERVATION_REGISTER, 10, 0, 0, &[1; 8], hd, dd));
+    b.extend(resv(
+        io::RESERVATION_ACQUIRE,
+        11,
+        9 << 8,
+        0,
+        &keys(1, 2),
+        hd,
+        dd,
+    ));
+    let mut report = Sqe::new(io::RESERVATION_REPORT, 12, 1);
+    report.set_cdw(10, 15);
+    b.extend(cmd(
+        with_sgl(report, Sgl::Transport { len: 64 }),
+        &[],
+        hd,
+        dd,
+    ));
+    report.set_cdw(10, u32::MAX);
+    report.set_cdw(11, 1);
+    report.set_cid(13);
+    b.extend(cmd(
+        with_sgl(report, Sgl::Transport { len: 64 }),
+        &[],
+        hd,
+        dd,
+    ));
+    b
+}
+
+/// The reservation side of the admin queue: the notification log, the masks, persistence and
+/// the host identifier.
+fn resv_admin_session(hd: bool, dd: bool) -> Vec<u8> {
+    let mut b = Vec::new();
+    let mut lp = Sqe::new(admin::GET_LOG_PAGE, 2, u32::MAX);
+    lp.set_cdw(10, 0x80 | 15 << 16);
+    b.extend(cmd(with_sgl(lp, Sgl::Transport { len: 64 }), &[], hd, dd));
+    for (cid, op, fid, nsid, v) in [
+        (3, admin::SET_FEATURES, 0x82, u32::MAX, 0b1110),
+        (4, admin::SET_FEATURES, 0x83, 1, 1),
+        (5, admin::GET_FEATURES, 0x83, 1, 0),
+        (6, admin::GET_FEATURES, 0x82, 7, 0),
+    ] {
+        let mut s = Sqe::new(op, cid, nsid);
+        s.set_cdw(10, fid);
+        s.set_cdw(11, v);
+        b.extend(cmd(s, &[], hd, dd));
+    }
+    let mut hid = Sqe::new(admin::GET_FEATURES, 7, 0);
+    hid.set_cdw(10, 0x81);
+    hid.set_cdw(11, 1);
+    b.extend(cmd(with_sgl(hid, Sgl::Transport { len: 16 }), &[], hd, dd));
+    b
+}
+
 fn write(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join(name), bytes)
@@ -211,6 +361,10 @@ fn main() -> std::io::Result<()> {
         let io_mode = 1 | digests | 3 << 4;
         let s = [&[io_mode][..], &io_session(hd, dd)].concat();
         write(&d, &format!("io_{hd}_{dd}"), &s)?;
+        let s = [&[io_mode][..], &resv_session(hd, dd)].concat();
+        write(&d, &format!("resv_{hd}_{dd}"), &s)?;
+        let s = [&[admin_mode][..], &resv_admin_session(hd, dd)].concat();
+        write(&d, &format!("resv_admin_{hd}_{dd}"), &s)?;
     }
     for (name, variant) in [
         ("unknown_nqn", 5u8),

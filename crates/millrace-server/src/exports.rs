@@ -9,6 +9,7 @@ use millrace_volume::VolumeInfo;
 use crate::error::ApiError;
 use crate::model::{
     AnaRequest, ExportsView, NbdExportView, NvmeConnection, NvmeExportView, NvmePath,
+    NvmeRegistrant, NvmeReservation,
 };
 use crate::props::{
     check_nqn, default_nqn, NbdExportConfig, NvmeExportConfig, NBD_PROP, NVME_PROP, SHARE_PROP,
@@ -66,7 +67,18 @@ impl State {
                 },
                 keys,
             )
-            .map_err(|e| ApiError::conflict(e.to_string()))
+            .map_err(|e| ApiError::conflict(e.to_string()))?;
+        // Reservations a host asked to persist come back before any host can connect.
+        let uuid = v.uuid.to_string();
+        if let Some((nsid, st)) = self.resv_files.attach(&c.nqn, pool, &v.name, &uuid) {
+            match self.nvmf.restore_reservations(&c.nqn, nsid, st) {
+                Ok(()) => tracing::info!(pool, volume = %v.name, "NVMe reservations restored"),
+                Err(err) => {
+                    tracing::error!(pool, volume = %v.name, "{err}; the export starts without reservations")
+                }
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn start_nbd(
@@ -248,6 +260,15 @@ impl State {
             .map_err(|e| ApiError::internal(e.to_string()))?;
         if let Some(c) = c {
             let _ = self.nvmf.remove_subsystem(&c.nqn);
+            self.resv_files.detach(&c.nqn);
+        }
+        // Its reservations go with it: a new export of the volume starts without them.
+        if let Err(err) = self.resv_files.forget(&v.uuid.to_string()) {
+            tracing::warn!(
+                pool,
+                volume = vol,
+                "cannot remove the export's reservation record: {err}"
+            );
         }
         crate::nvme_auth::forget(&self.home, pool, vol, None)?;
         Ok(())
@@ -372,7 +393,50 @@ impl State {
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         let subs = self.nvmf.subsystems();
         let live = subs.iter().find(|s| s.nqn == c.nqn);
-        Ok(nvme_view(self, pool, vol, c, live, true))
+        let resv = self.reservation_of(&c.nqn);
+        Ok(nvme_view(self, pool, vol, c, live, true, resv))
+    }
+
+    /// The reservations of a live export's namespace.
+    fn reservation_of(&self, nqn: &str) -> Option<NvmeReservation> {
+        let all = self.nvmf.reservations(nqn).ok()?;
+        all.into_iter().next().map(|(_, st)| reservation_view(&st))
+    }
+
+    /// Clears an NVMe export's reservation and every registration: the operator's override
+    /// when a cluster that held it is gone. Registered hosts are told their reservation was
+    /// preempted; a state that persisted is recorded cleared.
+    pub fn clear_nvme_reservation(
+        &self,
+        pool: &str,
+        vol: &str,
+    ) -> Result<NvmeExportView, ApiError> {
+        let (_, v) = self.volume(pool, vol)?;
+        let c: NvmeExportConfig = (v.props.get(NVME_PROP))
+            .and_then(|c| serde_json::from_str(c).ok())
+            .ok_or_else(|| {
+                ApiError::not_found(format!(
+                    "volume {pool}/{vol} is not exported over NVMe/TCP, so it has no reservation to clear"
+                ))
+            })?;
+        if !self.serving {
+            return Err(ApiError::conflict(
+                "NVMe reservations are held by the running server; start `millrace serve` first"
+                    .to_string(),
+            ));
+        }
+        (self.nvmf)
+            .clear_reservations(&c.nqn, 1)
+            .map_err(|e| ApiError::conflict(e.to_string()))?;
+        tracing::warn!(
+            pool,
+            volume = vol,
+            "NVMe reservations cleared by the operator"
+        );
+        let subs = self.nvmf.subsystems();
+        let live = subs.iter().find(|s| s.nqn == c.nqn);
+        let resv = self.reservation_of(&c.nqn);
+        Ok(nvme_view(self, pool, vol, c, live, true, resv))
     }
 
     pub fn add_nbd_export(
@@ -466,8 +530,9 @@ impl State {
                     .and_then(|c| serde_json::from_str::<NvmeExportConfig>(c).ok())
                 {
                     let live = subs.iter().find(|s| s.nqn == c.nqn);
+                    let resv = live.and_then(|_| self.reservation_of(&c.nqn));
                     view.nvme
-                        .push(nvme_view(self, &pool, &v.name, c, live, listening));
+                        .push(nvme_view(self, &pool, &v.name, c, live, listening, resv));
                 }
                 if let Some(c) = v
                     .props
@@ -534,7 +599,8 @@ impl State {
         }
         let subs = self.nvmf.subsystems();
         let live = subs.iter().find(|s| s.nqn == c.nqn);
-        Ok(nvme_view(self, pool, vol, c, live, self.serving))
+        let resv = live.and_then(|_| self.reservation_of(&c.nqn));
+        Ok(nvme_view(self, pool, vol, c, live, self.serving, resv))
     }
 }
 
@@ -546,6 +612,7 @@ pub(crate) fn nvme_view(
     c: NvmeExportConfig,
     live: Option<&millrace_nvmf::SubsystemInfo>,
     listening: bool,
+    reservation: Option<NvmeReservation>,
 ) -> NvmeExportView {
     let connections = (live.iter().flat_map(|s| s.hosts.iter()))
         .map(|h| NvmeConnection {
@@ -575,6 +642,28 @@ pub(crate) fn nvme_view(
         connections,
         ana_group: c.ana_group,
         paths,
+        reservation,
+    }
+}
+
+fn reservation_view(st: &millrace_nvmf::ReservationState) -> NvmeReservation {
+    use crate::nvme_resv::{hex, key_text};
+    let holder = (st.holder.as_ref())
+        .and_then(|h| st.registrants.iter().find(|r| r.hostid == *h))
+        .map(|r| r.hostnqn.clone());
+    NvmeReservation {
+        rtype: st.rtype.map(|t| t.as_str().to_string()),
+        holder,
+        registrants: (st.registrants.iter())
+            .map(|r| NvmeRegistrant {
+                host: r.hostnqn.clone(),
+                hostid: hex(&r.hostid),
+                key: key_text(r.key),
+                holds: st.holds(&r.hostid),
+            })
+            .collect(),
+        generation: st.generation,
+        ptpl: st.ptpl,
     }
 }
 

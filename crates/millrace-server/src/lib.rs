@@ -7,7 +7,8 @@
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
 
 // Dependencies point one way (tests/layers.rs checks it), from the bottom up: error, props
-// (what volumes record); jobs, metered; model (requests and responses); state (the pools held); exports; shares; pools (taking
+// (what volumes record), nvme_resv (NVMe reservations recorded in the home); jobs, metered;
+// model (requests and responses); state (the pools held); exports; shares; pools (taking
 // pools into service brings their exports and shares back); bench, metrics, rdma; api.
 mod api;
 pub mod bench;
@@ -22,6 +23,7 @@ mod metrics;
 pub mod model;
 pub mod nfs_rdma;
 pub mod nvme_auth;
+mod nvme_resv;
 mod pools;
 mod props;
 mod rdma;

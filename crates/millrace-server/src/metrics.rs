@@ -311,6 +311,58 @@ fn register_exports(reg: &mut Registry, state: &State) {
     }
     register_nvme_rdma(reg, state, &conns, &opened, &refused);
     register_ana(reg, state);
+    register_reservations(reg, state);
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NsL {
+    subsystem: String,
+    nsid: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HeldL {
+    subsystem: String,
+    nsid: String,
+    r#type: String,
+    holder: String,
+}
+
+/// Each namespace's registered hosts, and the reservation held (1, with its type and holder:
+/// a host NQN, or "all-registrants").
+fn register_reservations(reg: &mut Registry, state: &State) {
+    let registrants: Family<NsL, Gauge> = family(
+        reg,
+        "millrace_nvme_reservation_registrants",
+        "Hosts registered for persistent reservations with each NVMe namespace",
+    );
+    let held: Family<HeldL, Gauge> = family(
+        reg,
+        "millrace_nvme_reservation_held",
+        "The persistent reservation held on an NVMe namespace (1), with its type and holder",
+    );
+    for s in state.nvmf.subsystems() {
+        for (nsid, st) in state.nvmf.reservations(&s.nqn).unwrap_or_default() {
+            let l = NsL {
+                subsystem: s.nqn.clone(),
+                nsid: nsid.to_string(),
+            };
+            registrants
+                .get_or_create(&l)
+                .set(st.registrants.len() as i64);
+            let Some(t) = st.rtype else { continue };
+            let holder = (st.holder.as_ref())
+                .and_then(|h| st.registrants.iter().find(|r| r.hostid == *h))
+                .map_or("all-registrants".to_string(), |r| r.hostnqn.clone());
+            let l = HeldL {
+                subsystem: s.nqn.clone(),
+                nsid: nsid.to_string(),
+                r#type: t.as_str().into(),
+                holder,
+            };
+            held.get_or_create(&l).set(1);
+        }
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

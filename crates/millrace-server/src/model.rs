@@ -251,6 +251,41 @@ pub struct NvmeExportView {
     /// itself) or `bidirectional` (the controller too). Never the secrets.
     #[serde(default)]
     pub dhchap: std::collections::BTreeMap<String, String>,
+    /// The namespace's persistent reservations: who is registered and who holds what (null
+    /// while not serving).
+    #[serde(default)]
+    pub reservation: Option<NvmeReservation>,
+}
+
+/// An NVMe export's persistent reservations, as `nvme resv-report` shows them to a host.
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct NvmeReservation {
+    /// The reservation held: write-exclusive, exclusive-access, their -registrants-only and
+    /// -all-registrants forms; null when none is.
+    #[serde(rename = "type")]
+    pub rtype: Option<String>,
+    /// The host NQN that holds it; null when none does, or when every registrant does (the
+    /// all-registrants types).
+    pub holder: Option<String>,
+    pub registrants: Vec<NvmeRegistrant>,
+    /// Counts registrations, preemptions and clears.
+    pub generation: u32,
+    /// A host asked for the state to persist through power loss: it is recorded in the
+    /// server's home and comes back when the server starts again.
+    pub ptpl: bool,
+}
+
+/// A host registered with an export's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+pub struct NvmeRegistrant {
+    /// The host NQN it registered from.
+    pub host: String,
+    /// Its Host Identifier (32 hex digits): what reservations know a host by.
+    pub hostid: String,
+    /// Its reservation key (0x and 16 hex digits).
+    pub key: String,
+    /// It holds the reservation.
+    pub holds: bool,
 }
 
 fn one() -> u32 {

@@ -38,6 +38,11 @@ impl State {
 
     fn open_with(home: &Path, serving: bool, only: Option<&[&str]>) -> anyhow::Result<State> {
         let cache = Cache::load(home)?;
+        let nvmf = millrace_nvmf::Target::new(millrace_nvmf::TargetConfig::default());
+        let resv_files = crate::nvme_resv::ResvFiles::new(home);
+        if serving {
+            nvmf.set_reservation_store(resv_files.store())?;
+        }
         let state = State {
             serving,
             nvme_listening: Default::default(),
@@ -45,7 +50,8 @@ impl State {
             home: home.to_path_buf(),
             pools: RwLock::new(BTreeMap::new()),
             unavailable: RwLock::new(BTreeMap::new()),
-            nvmf: millrace_nvmf::Target::new(millrace_nvmf::TargetConfig::default()),
+            nvmf,
+            resv_files,
             nbd: Arc::new(millrace_nbd::NbdServer::new()),
             data_path: Default::default(),
             jobs: Jobs::default(),

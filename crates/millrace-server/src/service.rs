@@ -197,6 +197,10 @@ pub fn set_nvme_ana(s: &Arc<State>, pool: &str, vol: &str, req: AnaRequest) -> R
     s.set_nvme_ana(pool, vol, &req)
 }
 
+pub fn clear_nvme_reservation(s: &Arc<State>, pool: &str, vol: &str) -> R<NvmeExportView> {
+    s.clear_nvme_reservation(pool, vol)
+}
+
 pub fn remove_nvme(s: &Arc<State>, pool: &str, vol: &str) -> R<Removed> {
     s.remove_nvme_export(pool, vol)?;
     Ok(Removed {

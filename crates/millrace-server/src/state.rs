@@ -32,6 +32,8 @@ pub struct State {
     /// Pools the cache knows that could not be assembled, with the reason.
     pub unavailable: RwLock<BTreeMap<String, String>>,
     pub nvmf: millrace_nvmf::Target,
+    /// The records of NVMe reservations that persist through power loss.
+    pub(crate) resv_files: Arc<crate::nvme_resv::ResvFiles>,
     /// The NVMe/RDMA listeners `millrace serve --nvme-rdma` started.
     pub nvme_rdma: parking_lot::Mutex<Vec<millrace_nvmf_rdma::serve::RdmaListener>>,
     pub nbd: Arc<millrace_nbd::NbdServer>,

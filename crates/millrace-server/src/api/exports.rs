@@ -25,6 +25,7 @@ pub(super) fn routes(r: OpenApiRouter<Arc<State>>) -> OpenApiRouter<Arc<State>> 
         .routes(routes!(add_nvme_host, remove_nvme_host))
         .routes(routes!(set_nvme_ana))
         .routes(routes!(set_nvme_host_keys))
+        .routes(routes!(clear_nvme_reservation))
         .routes(routes!(add_nbd))
         .routes(routes!(remove_nbd))
         .routes(routes!(shares, create_share))
@@ -113,6 +114,20 @@ async fn set_nvme_host_keys(
     Body(r): Body<NvmeHostKeysRequest>,
 ) -> R<NvmeExportView> {
     blocking(move || service::set_nvme_host_keys(&s, &p, &v, &h, r))
+        .await
+        .map(Json)
+}
+
+/// Clear a volume's NVMe reservation and every registration (an operator fencing a cluster
+/// that is gone): the registered hosts are told their reservation was preempted
+#[utoipa::path(delete, path = "/api/v1/exports/nvme/{pool}/{vol}/reservation", tag = "exports",
+    params(("pool" = String, Path), ("vol" = String, Path)),
+    responses((status = 200, description = "The export, its reservation cleared", body = NvmeExportView)))]
+async fn clear_nvme_reservation(
+    AxState(s): S,
+    P((p, v)): P<(String, String)>,
+) -> R<NvmeExportView> {
+    blocking(move || service::clear_nvme_reservation(&s, &p, &v))
         .await
         .map(Json)
 }
