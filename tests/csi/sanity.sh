@@ -66,6 +66,12 @@ left() {
 }
 rc=0
 sanity "$@" || rc=$?
+# A publish carrying a Kubernetes secret gives the server the node's DH-HMAC-CHAP secrets,
+# and no secret reaches an error or the driver's log.
+if ((rc == 0)); then
+  echo "=== DH-HMAC-CHAP secrets from ControllerPublish, against server 1"
+  (cd csi && MILLRACE_TEST_SERVER=${urls[1]} go test ./internal/driver/ -run '^TestPublishSecrets' -count=1 -v) || rc=$?
+fi
 [[ $(left 1) == 0 ]] || { echo "server 1 still holds volumes after csi-sanity" >&2; rc=1; }
 # A server that is down stops only its own volumes: with the first one killed, the suite runs
 # again and every volume goes to the second.

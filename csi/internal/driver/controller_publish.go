@@ -41,7 +41,15 @@ func (d *Driver) ControllerPublishVolume(ctx context.Context, req *csi.Controlle
 	if err != nil {
 		return nil, err
 	}
-	export, err := d.exportTo(ctx, srv, vid, v, node)
+	host, ctrl, err := dhchapSecrets(req.GetSecrets())
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, "controller publish secret: "+err.Error())
+	}
+	var keys *millrace.DHChap
+	if host != "" {
+		keys = &millrace.DHChap{Secret: host, CtrlSecret: ctrl}
+	}
+	export, err := d.exportTo(ctx, srv, vid, v, node, keys)
 	if err != nil {
 		return nil, err
 	}
@@ -58,18 +66,26 @@ func (d *Driver) ControllerPublishVolume(ctx context.Context, req *csi.Controlle
 	}}, nil
 }
 
-// exportTo makes sure the node, and no other, may connect to the volume.
-func (d *Driver) exportTo(ctx context.Context, srv *server, vid VolumeID, v *millrace.Volume, node string) (*millrace.NVMeExport, error) {
+// exportTo makes sure the node, and no other, may connect to the volume; with keys, only after
+// authenticating with them. The server has the secrets before it lets the node in, so there is
+// no moment at which the node could connect without them.
+func (d *Driver) exportTo(ctx context.Context, srv *server, vid VolumeID, v *millrace.Volume, node string, keys *millrace.DHChap) (*millrace.NVMeExport, error) {
 	e := v.Export()
 	if e == nil {
-		e, err := srv.ExportNVMe(ctx, vid.Pool, vid.Volume, vid.SubsystemNQN(), []string{node})
+		e, err := srv.ExportNVMe(ctx, vid.Pool, vid.Volume, vid.SubsystemNQN(), []string{node}, keys)
 		return e, apiStatus(err, "exporting "+vid.String()+" to "+node)
+	}
+	if (len(e.Hosts) > 0 || e.AllowAnyHost) && !slices.Contains(e.Hosts, node) {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is published to %s; a volume is attached to one node at a time", vid, strings.Join(e.Hosts, ", "))
+	}
+	// A publish repeated with secrets sets them again: the Secret may have been rotated.
+	if keys != nil {
+		if err := srv.SetNVMeHostKeys(ctx, vid.Pool, vid.Volume, node, *keys); err != nil {
+			return nil, apiStatus(err, "setting the DH-HMAC-CHAP secrets of "+node+" on the export of "+vid.String())
+		}
 	}
 	if slices.Contains(e.Hosts, node) {
 		return e, nil
-	}
-	if len(e.Hosts) > 0 || e.AllowAnyHost {
-		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is published to %s; a volume is attached to one node at a time", vid, strings.Join(e.Hosts, ", "))
 	}
 	e, err := srv.AddNVMeHost(ctx, vid.Pool, vid.Volume, node)
 	return e, apiStatus(err, "adding "+node+" to the export of "+vid.String())

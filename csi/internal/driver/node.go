@@ -74,7 +74,11 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 			return &csi.NodeStageVolumeResponse{}, nil
 		}
 	}
-	if err := nvme.Connect(ctx, t, n.opts); err != nil {
+	secret, ctrl, err := dhchapSecrets(req.GetSecrets())
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, "node stage secret: "+err.Error())
+	}
+	if err := nvme.Connect(ctx, t, n.opts, nvme.Auth{Secret: secret, CtrlSecret: ctrl}); err != nil {
 		return nil, status.Errorf(codes.Internal, "connecting to %s at %s:%s: %v", t.NQN, t.Address, t.Port, err)
 	}
 	dev, err := nvme.WaitNamespace(ctx, uuid, n.attach)

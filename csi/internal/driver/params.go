@@ -30,6 +30,30 @@ const (
 	PubNQN       = "millrace.dev/nqn"
 )
 
+// Keys of the Kubernetes secrets the driver reads: the StorageClass names one Secret as
+// csi.storage.k8s.io/controller-publish-secret-name (the server learns the host's secrets before
+// the node may connect) and the same Secret as csi.storage.k8s.io/node-stage-secret-name (the
+// node's initiator authenticates with them). Values are as `nvme gen-dhchap-key` prints them.
+const (
+	SecretDHChap     = "dhchapSecret"     // the host's DH-HMAC-CHAP secret, DHHC-1:XX:...:
+	SecretDHChapCtrl = "dhchapCtrlSecret" // the controller's, for bidirectional authentication
+)
+
+// dhchapSecrets reads a request's secrets: none, the host's, or both. A controller secret alone
+// is refused, since bidirectional authentication starts from the host's own.
+func dhchapSecrets(secrets map[string]string) (host, ctrl string, err error) {
+	host, ctrl = strings.TrimSpace(secrets[SecretDHChap]), strings.TrimSpace(secrets[SecretDHChapCtrl])
+	switch {
+	case host == "" && ctrl != "":
+		return "", "", fmt.Errorf("the secret has %s but no %s: bidirectional authentication needs the host's secret too", SecretDHChapCtrl, SecretDHChap)
+	case host != "" && !strings.HasPrefix(host, "DHHC-1:"):
+		return "", "", fmt.Errorf("the secret's %s is not a DH-HMAC-CHAP secret (DHHC-1:XX:BASE64:, as `nvme gen-dhchap-key` prints it)", SecretDHChap)
+	case ctrl != "" && !strings.HasPrefix(ctrl, "DHHC-1:"):
+		return "", "", fmt.Errorf("the secret's %s is not a DH-HMAC-CHAP secret (DHHC-1:XX:BASE64:, as `nvme gen-dhchap-key` prints it)", SecretDHChapCtrl)
+	}
+	return host, ctrl, nil
+}
+
 // TagName is the prop the driver tags its volumes with: the CSI name they were made for.
 const TagName = "csi.name"
 

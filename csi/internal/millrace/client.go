@@ -168,11 +168,37 @@ func (c *Client) DeleteVolume(ctx context.Context, pool, name string) error {
 	return c.do(ctx, http.MethodDelete, "/api/v1/pools/"+esc(pool)+"/volumes/"+esc(name), nil, nil)
 }
 
-// ExportNVMe exports a volume over NVMe/TCP as subsystem nqn to these hosts only.
-func (c *Client) ExportNVMe(ctx context.Context, pool, name, nqn string, hosts []string) (*NVMeExport, error) {
+// DHChap is a host's DH-HMAC-CHAP secrets: the host's own, and the controller's for
+// bidirectional authentication (empty: unidirectional).
+type DHChap struct {
+	Secret, CtrlSecret string
+}
+
+// body is the secrets as the API takes them; they travel in request bodies only, never in a
+// path or a query, so no proxy or access log records them.
+func (k DHChap) body(into map[string]any) {
+	into["dhchap_secret"] = k.Secret
+	if k.CtrlSecret != "" {
+		into["dhchap_ctrl_secret"] = k.CtrlSecret
+	}
+}
+
+// ExportNVMe exports a volume over NVMe/TCP as subsystem nqn to these hosts only; with keys,
+// the hosts must authenticate with them from the first connection.
+func (c *Client) ExportNVMe(ctx context.Context, pool, name, nqn string, hosts []string, keys *DHChap) (*NVMeExport, error) {
 	var e NVMeExport
 	body := map[string]any{"pool": pool, "volume": name, "nqn": nqn, "hosts": hosts}
+	if keys != nil {
+		keys.body(body)
+	}
 	return &e, c.do(ctx, http.MethodPost, "/api/v1/exports/nvme", body, &e)
+}
+
+// SetNVMeHostKeys sets or rotates the secrets a host authenticates with on a volume's export.
+func (c *Client) SetNVMeHostKeys(ctx context.Context, pool, name, host string, keys DHChap) error {
+	body := map[string]any{}
+	keys.body(body)
+	return c.do(ctx, http.MethodPut, c.hostPath(pool, name, host)+"/dhchap", body, nil)
 }
 
 // UnexportNVMe removes a volume's NVMe/TCP export.

@@ -32,6 +32,23 @@ type Options struct {
 	ReconnectDelay int
 }
 
+// Auth is a connection's DH-HMAC-CHAP secrets (empty: none): the host's, and the controller's
+// for bidirectional authentication.
+type Auth struct {
+	Secret, CtrlSecret string
+}
+
+// redact hides secrets in what is said about a command (its arguments, nvme-cli's output):
+// errors reach logs and Kubernetes events.
+func (a Auth) redact(s string) string {
+	for _, k := range []string{a.Secret, a.CtrlSecret} {
+		if k != "" {
+			s = strings.ReplaceAll(s, k, "<secret>")
+		}
+	}
+	return s
+}
+
 // Sysfs roots; tests point them at a fake tree.
 var (
 	ClassNVMe = "/sys/class/nvme"
@@ -71,20 +88,28 @@ func controllers(nqn string, t *Target) []string {
 }
 
 // Connect connects to the target unless this node already is (the kernel goes on
-// reconnecting a controller that lost its connection, so one in any live state counts).
-func Connect(ctx context.Context, t Target, o Options) error {
+// reconnecting a controller that lost its connection, so one in any live state counts),
+// authenticating with the secrets in a when it has them.
+func Connect(ctx context.Context, t Target, o Options, a Auth) error {
 	if len(controllers(t.NQN, &t)) > 0 {
 		return nil
 	}
 	args := []string{"connect", "-t", t.Transport, "-a", t.Address, "-s", t.Port, "-n", t.NQN,
 		"--hostnqn", o.HostNQN, "--hostid", o.HostID,
 		"--ctrl-loss-tmo", fmt.Sprint(o.CtrlLossTmo), "--reconnect-delay", fmt.Sprint(o.ReconnectDelay)}
+	if a.Secret != "" {
+		args = append(args, "--dhchap-secret", a.Secret)
+	}
+	if a.CtrlSecret != "" {
+		args = append(args, "--dhchap-ctrl-secret", a.CtrlSecret)
+	}
 	out, err := exec.CommandContext(ctx, "nvme", args...).CombinedOutput()
 	if err != nil {
 		if len(controllers(t.NQN, &t)) > 0 {
 			return nil // connected meanwhile ("already connected")
 		}
-		return fmt.Errorf("nvme %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		said := fmt.Sprintf("nvme %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		return fmt.Errorf("%s", a.redact(said))
 	}
 	return nil
 }

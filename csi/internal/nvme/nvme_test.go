@@ -1,8 +1,10 @@
 package nvme
 
 import (
+	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -69,5 +71,41 @@ func TestHostIDs(t *testing.T) {
 	a, b := HostID("nqn.2026-01.example:node-a", etc), HostID("nqn.2026-01.example:node-b", etc)
 	if a == b || len(a) != 36 || a != HostID("nqn.2026-01.example:node-a", etc) {
 		t.Errorf("derived ids %q %q", a, b)
+	}
+}
+
+// Connect hands the secrets to nvme-cli and never repeats them: a stand-in `nvme` on PATH
+// records its arguments and fails echoing them, as nvme-cli does with options it refuses.
+func TestConnectPassesSecretsAndNeverSaysThem(t *testing.T) {
+	bin := t.TempDir()
+	ClassNVMe = filepath.Join(t.TempDir(), "class") // no controller: Connect must run nvme
+	args := filepath.Join(bin, "args")
+	script := "#!/bin/sh\nprintf '%s\\n' \"$@\" > " + args + "\necho \"failed to connect: $*\" >&2\nexit 1\n"
+	if err := os.WriteFile(filepath.Join(bin, "nvme"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	host, ctrl := "DHHC-1:00:aG9zdHNlY3JldGhvc3RzZWNyZXRob3N0c2VjcmV0MTIzNDU2Nzg=:", "DHHC-1:01:Y3RybHNlY3JldA==:"
+	err := Connect(context.Background(), Target{Transport: "tcp", Address: "192.0.2.1", Port: "4420", NQN: "nqn.2026-11.dev.millrace:t.v"},
+		Options{HostNQN: "nqn.2014-08.org.nvmexpress:uuid:1", HostID: "1", CtrlLossTmo: 1, ReconnectDelay: 1},
+		Auth{Secret: host, CtrlSecret: ctrl})
+	if err == nil {
+		t.Fatal("a failing nvme connect succeeded")
+	}
+	got, rerr := os.ReadFile(args)
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	if !strings.Contains(string(got), "--dhchap-secret\n"+host+"\n") || !strings.Contains(string(got), "--dhchap-ctrl-secret\n"+ctrl+"\n") {
+		t.Errorf("nvme was not given the secrets: %q", got)
+	}
+	if strings.Contains(err.Error(), host) || strings.Contains(err.Error(), ctrl) || !strings.Contains(err.Error(), "<secret>") {
+		t.Errorf("the error says a secret, or hides nothing: %v", err)
+	}
+	// Without secrets, no authentication options at all.
+	_ = Connect(context.Background(), Target{Transport: "tcp", Address: "192.0.2.1", Port: "4420", NQN: "nqn.2026-11.dev.millrace:t.v"},
+		Options{HostNQN: "nqn.2014-08.org.nvmexpress:uuid:1", HostID: "1"}, Auth{})
+	if got, _ := os.ReadFile(args); strings.Contains(string(got), "dhchap") {
+		t.Errorf("nvme was given authentication options without secrets: %q", got)
 	}
 }
