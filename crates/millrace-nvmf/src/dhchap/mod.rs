@@ -135,6 +135,13 @@ pub struct Secret {
     transform: Option<Hash>,
 }
 
+// Keys do not outlive their use in memory that is freed and handed out again.
+impl Drop for Secret {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.key);
+    }
+}
+
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Secret {{ {} bytes, hidden }}", self.key.len())
@@ -176,9 +183,11 @@ impl Secret {
             "03" => Some(Hash::Sha512),
             _ => return Err("a DH-HMAC-CHAP secret's transformation is 00, 01, 02 or 03".into()),
         };
-        let raw = base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .map_err(|_| "a DH-HMAC-CHAP secret's key is not valid base64".to_string())?;
+        let raw = zeroize::Zeroizing::new(
+            base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .map_err(|_| "a DH-HMAC-CHAP secret's key is not valid base64".to_string())?,
+        );
         if raw.len() < 4 {
             return Err("a DH-HMAC-CHAP secret's key is too short".into());
         }
@@ -191,12 +200,12 @@ impl Secret {
 
     /// The secret in the `DHHC-1` form.
     pub fn encode(&self) -> String {
-        let mut raw = self.key.clone();
+        let mut raw = zeroize::Zeroizing::new(self.key.clone());
         raw.extend_from_slice(&crc32fast::hash(&self.key).to_le_bytes());
         format!(
             "DHHC-1:{:02}:{}:",
             self.transform.map_or(0, Hash::id),
-            base64::engine::general_purpose::STANDARD.encode(raw)
+            base64::engine::general_purpose::STANDARD.encode(&raw)
         )
     }
 
@@ -210,11 +219,11 @@ impl Secret {
     /// The key as used in responses: transformed with `nqn` (HMAC over the NQN and
     /// "NVMe-over-Fabrics") when the secret asks for it. A host key is transformed with the
     /// host's NQN, a controller key with the subsystem's.
-    pub fn transformed(&self, nqn: &str) -> Vec<u8> {
-        match self.transform {
+    pub fn transformed(&self, nqn: &str) -> zeroize::Zeroizing<Vec<u8>> {
+        zeroize::Zeroizing::new(match self.transform {
             None => self.key.clone(),
             Some(h) => h.hmac(&self.key, &[nqn.as_bytes(), b"NVMe-over-Fabrics"]),
-        }
+        })
     }
 }
 
@@ -298,7 +307,7 @@ pub fn response(
 pub fn augment(hash: Hash, shared: Option<&[u8]>, challenge: &[u8]) -> Vec<u8> {
     match shared {
         None => challenge.to_vec(),
-        Some(s) => hash.hmac(&hash.digest(s), &[challenge]),
+        Some(s) => hash.hmac(&zeroize::Zeroizing::new(hash.digest(s)), &[challenge]),
     }
 }
 

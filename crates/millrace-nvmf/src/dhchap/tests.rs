@@ -33,7 +33,7 @@ fn secrets_parse_encode_and_transform_as_the_vectors_say() {
         assert_eq!(s.transform.map_or(0, Hash::id), id);
         assert_eq!(s.encode(), text);
         assert_eq!(
-            s.transformed(HOST),
+            *s.transformed(HOST),
             hex(&vector("transformed", &id.to_string()))
         );
         assert!(!format!("{s:?}").contains(&text[10..20]));
@@ -139,7 +139,7 @@ fn dh_values_outside_the_group_are_refused() {
     assert!(a.shared(&one).is_err());
     assert!(a.shared(&[0xff; 256]).is_err());
     assert!(a.shared(&[2; 255]).is_err());
-    let p = ffdhe::prime(DhGroup::Ffdhe2048).unwrap();
+    let p = num_bigint::BigUint::from_bytes_be(&ffdhe::prime_bytes(DhGroup::Ffdhe2048).unwrap());
     let pm1 = (p - num_bigint::BigUint::from(1u8)).to_bytes_be();
     assert!(a.shared(&pm1).is_err());
 }
@@ -148,7 +148,7 @@ fn dh_values_outside_the_group_are_refused() {
 fn the_groups_primes_have_rfc_7919s_shape() {
     use num_bigint::BigUint;
     for g in DhGroup::ALL.into_iter().skip(1) {
-        let p = ffdhe::prime(g).unwrap();
+        let p = BigUint::from_bytes_be(&ffdhe::prime_bytes(g).unwrap());
         assert_eq!(p.bits() as usize, g.bytes() * 8, "{g:?}");
         let b = p.to_bytes_be();
         // The top and bottom 64 bits are ones; after the top 64 bits come e's (ADF85458...).
@@ -156,7 +156,7 @@ fn the_groups_primes_have_rfc_7919s_shape() {
         assert_eq!(&b[8..12], &[0xad, 0xf8, 0x54, 0x58]);
     }
     // Fermat's test of the smallest in full: 2^(p-1) = 1 mod p.
-    let p = ffdhe::prime(DhGroup::Ffdhe2048).unwrap();
+    let p = &BigUint::from_bytes_be(&ffdhe::prime_bytes(DhGroup::Ffdhe2048).unwrap());
     let one = BigUint::from(1u8);
     assert_eq!(BigUint::from(2u8).modpow(&(p - &one), p), one);
     assert!(ffdhe::prime(DhGroup::Null).is_none());
@@ -245,5 +245,30 @@ fn secrets_written_by_nvme_cli_parse_and_round_trip() {
         let mut b = k.as_bytes().to_vec();
         b[15] = if b[15] == b'A' { b'B' } else { b'A' };
         assert!(Secret::parse(std::str::from_utf8(&b).unwrap()).is_err());
+    }
+}
+
+/// The constant-time exponentiation agrees with an independent big-number library
+/// (num-bigint's modpow) on random 512-bit exponents and peer values in every group.
+#[test]
+fn public_and_shared_values_equal_an_independent_modpow() {
+    use num_bigint::BigUint;
+    for g in DhGroup::ALL.into_iter().skip(1) {
+        let p = BigUint::from_bytes_be(&ffdhe::prime_bytes(g).unwrap());
+        let (xa, xb) = (super::random_bytes(64), super::random_bytes(64));
+        let a = ffdhe::with_exponent_bytes(g, &xa);
+        let b = ffdhe::with_exponent_bytes(g, &xb);
+        let (ga, gb) = (BigUint::from_bytes_be(&xa), BigUint::from_bytes_be(&xb));
+        let two = BigUint::from(2u8);
+        let want_a = two.modpow(&ga, &p);
+        assert_eq!(BigUint::from_bytes_be(&a.public), want_a, "{g:?}");
+        assert_eq!(a.public.len(), g.bytes(), "{g:?}");
+        let shared = a.shared(&b.public).unwrap();
+        assert_eq!(shared.len(), g.bytes(), "{g:?}");
+        assert_eq!(
+            BigUint::from_bytes_be(&shared),
+            want_a.modpow(&gb, &p),
+            "{g:?}"
+        );
     }
 }

@@ -262,7 +262,7 @@ impl QueueAuth {
             },
         };
         let kh = t.keys.host.transformed(&self.hostnqn);
-        let ca1 = augment(t.hash, shared.as_deref(), &t.c1);
+        let ca1 = augment(t.hash, shared.as_ref().map(|s| s.as_slice()), &t.c1);
         let want = response(
             t.hash,
             &kh,
@@ -295,7 +295,7 @@ impl QueueAuth {
             );
         }
         let kc = kc.transformed(&self.subnqn);
-        let ca2 = augment(t.hash, shared.as_deref(), &c2);
+        let ca2 = augment(t.hash, shared.as_ref().map(|s| s.as_slice()), &c2);
         let r2 = response(
             t.hash,
             &kc,

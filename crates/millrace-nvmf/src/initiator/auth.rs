@@ -91,13 +91,13 @@ impl HostQueue {
         };
         let (shared, dhv) = match KeyPair::new(c.group) {
             None => (None, Vec::new()),
-            Some(kp) => {
+            Some(mut kp) => {
                 let s = kp.shared(&c.dhv).map_err(|e| Error::Protocol(e.into()))?;
-                (Some(s), kp.public)
+                (Some(s), std::mem::take(&mut kp.public))
             }
         };
         let kh = a.secret.transformed(hostnqn);
-        let ca1 = augment(c.hash, shared.as_deref(), &c.c1);
+        let ca1 = augment(c.hash, shared.as_ref().map(|s| s.as_slice()), &c.c1);
         let r1 = response(
             c.hash,
             &kh,
@@ -124,7 +124,7 @@ impl HostQueue {
         let (Some(kc), Some(c2)) = (&a.ctrl_secret, c2) else {
             return Ok(());
         };
-        let ca2 = augment(c.hash, shared.as_deref(), &c2);
+        let ca2 = augment(c.hash, shared.as_ref().map(|s| s.as_slice()), &c2);
         let want = response(
             c.hash,
             &kc.transformed(subnqn),
