@@ -101,7 +101,7 @@ for name in "${guests[@]}"; do
   else
     cat "$work/run-all.out"; echo "scripts/test.sh: tests/guest/run-all gave no result for $name"
   fi
-  read -r rc secs < "$work/guests/$name.rc" 2>/dev/null || { rc=1 secs=0; }
+  read -r rc secs 2>/dev/null < "$work/guests/$name.rc" || { rc=1 secs=0; }
   if ((rc == 0)); then record "guest: $name" "$secs" ok; else record "guest: $name" "$secs" "FAILED, exit $rc"; fi
 done
 
