@@ -6,10 +6,11 @@
 #
 # Each profile is built once: `cargo test --workspace --no-run` builds the tests, the binaries and
 # the examples (the test profile is the dev profile), and every later stage runs those (their
-# folder is MILLRACE_BINS) instead of building its own. Once they are built the guests (each a
-# throwaway VM, tests/guest/run-in-guest) start in the background, MILLRACE_GUEST_JOBS at a time
-# (2 by default), while the host suites run here; each guest's output is printed whole, in order,
-# at the end, and counts as a stage of its own.
+# folder is MILLRACE_BINS) instead of building its own. Once they are built the guest scripts
+# (tests/guest/*.sh, in throwaway VMs) start in the background (tests/guest/run-all: in groups
+# that share a boot, MILLRACE_GUEST_JOBS guests at a time, 2 by default) while the host suites
+# run here; each script's output is printed whole, in order, at the end, and counts as a stage
+# of its own (its seconds in the guest, without the boot).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 t_start=$SECONDS
@@ -65,29 +66,15 @@ export MILLRACE_BINS=$bins
 step "build the CSI driver and csi-sanity for the guest" bash tests/csi/build-for-guest.sh "$bins"
 
 # The guests, in the background from here on: each is a throwaway VM that writes only inside
-# itself, so they run side by side and beside the host suites. Each one's output and its exit
-# status and seconds land in $work/guests.
-mkdir -p "$work/guests"
-guest_jobs=${MILLRACE_GUEST_JOBS:-2}
+# itself, so they run side by side and beside the host suites. Each script's output and its exit
+# status and seconds land in $work/guests (tests/guest/run-all says how they share guests).
 guests=()
-for g in tests/guest/*.sh; do [[ -e $g ]] && guests+=("$g"); done
-run_guests() {
-  local g name
-  set +m   # the guests stay in the runner's process group
-  for g in "${guests[@]}"; do
-    while (($(jobs -rp | wc -l) >= guest_jobs)); do wait -n || true; done
-    name=$(basename "$g" .sh)
-    ( t0=$SECONDS
-      tests/guest/run-in-guest --timeout 1200 "$g" "$bins" > "$work/guests/$name.log" 2>&1
-      echo "$? $((SECONDS - t0))" > "$work/guests/$name.rc" ) &
-  done
-  wait
-}
+for g in tests/guest/*.sh; do [[ -e $g ]] && guests+=("$(basename "$g" .sh)"); done
 set -m   # the runner gets a process group of its own, so cleanup can end it and its guests
-run_guests < /dev/null &
+tests/guest/run-all "$bins" "$work/guests" < /dev/null > "$work/run-all.out" 2>&1 &
 guest_runner=$!
 set +m
-echo "=== guests: ${#guests[@]} started in the background, $guest_jobs at a time (output at the end)"
+echo "=== guests: ${#guests[@]} scripts started in the background (tests/guest/run-all; output at the end)"
 
 step "cargo test" cargo test --workspace -q
 step "api: openapi conformance (schemathesis)" bash tests/api/schemathesis.sh
@@ -106,11 +93,15 @@ t0=$SECONDS
 wait "$guest_runner"
 guest_runner=
 echo "    (waited $((SECONDS - t0)) s for the guests after the host suites)"
-for g in "${guests[@]}"; do
-  name=$(basename "$g" .sh)
+grep -E '^run-all: (guest|[0-9]+ scripts)' "$work/run-all.out" | sed 's/^/    /'
+for name in "${guests[@]}"; do
   echo "=== guest: $name"
-  cat "$work/guests/$name.log" 2>/dev/null
-  read -r rc secs < "$work/guests/$name.rc" 2>/dev/null || { rc=1 secs=0; }
+  if [[ -f $work/guests/$name.rc ]]; then
+    cat "$work/guests/$name.log" 2>/dev/null
+  else
+    cat "$work/run-all.out"; echo "scripts/test.sh: tests/guest/run-all gave no result for $name"
+  fi
+  read -r rc secs 2>/dev/null < "$work/guests/$name.rc" || { rc=1 secs=0; }
   if ((rc == 0)); then record "guest: $name" "$secs" ok; else record "guest: $name" "$secs" "FAILED, exit $rc"; fi
 done
 
