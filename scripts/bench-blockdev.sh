@@ -38,7 +38,7 @@ for tool in fio losetup taskset; do
     command -v "$tool" >/dev/null || { echo "$tool is not installed: run scripts/setup.sh" >&2; exit 1; }
 done
 source scripts/bench-lib.sh
-[[ -n ${MILLRACE_BIN:-} ]] || cargo build --release -q -p millrace-cli
+[[ -n ${MILLRACE_BIN:-} ]] || cargo build --release -q -p millrace-cli -p millrace-server
 host=nqn.2014-08.org.nvmexpress:uuid:6d696c6c-7261-6365-0000-62656e636831
 nqn=nqn.2026-11.dev.millrace:bench.v
 tmp=$(mktemp -d)

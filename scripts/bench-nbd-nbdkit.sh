@@ -16,7 +16,7 @@ for tool in nbdkit fio taskset; do
 done
 fio --enghelp 2>/dev/null | grep -qw nbd || { echo "this fio has no nbd engine (Debian's has): the benchmark is skipped" >&2; exit 0; }
 source scripts/bench-lib.sh
-[[ -n ${MILLRACE_BIN:-} ]] || cargo build --release -q -p millrace-cli
+[[ -n ${MILLRACE_BIN:-} ]] || cargo build --release -q -p millrace-cli -p millrace-server
 tmp=$(mktemp -d)
 peer=
 cleanup() {

@@ -37,7 +37,7 @@ if [[ -z $spdk || ! -x $spdk/build/bin/nvmf_tgt || ! -x $spdk/build/bin/spdk_nvm
     exit 0
 fi
 source scripts/bench-lib.sh
-[[ -n ${MILLRACE_BIN:-} ]] || cargo build --release -q -p millrace-cli
+[[ -n ${MILLRACE_BIN:-} ]] || cargo build --release -q -p millrace-cli -p millrace-server
 perf=$spdk/build/bin/spdk_nvme_perf
 host=nqn.2014-08.org.nvmexpress:uuid:6d696c6c-7261-6365-0000-62656e636830
 nqn=nqn.2026-11.dev.millrace:bench.v

@@ -13,7 +13,7 @@ for tool in nbdkit nbdcopy qemu-img taskset; do
     command -v "$tool" >/dev/null || { echo "$tool is not installed: run scripts/setup.sh" >&2; exit 1; }
 done
 source scripts/bench-lib.sh
-[[ -n ${MILLRACE_BIN:-} ]] || cargo build --release -q -p millrace-cli
+[[ -n ${MILLRACE_BIN:-} ]] || cargo build --release -q -p millrace-cli -p millrace-server
 tmp=$(mktemp -d)
 peer=
 peer_img=/dev/shm/nbdkit-sparse-$$.img

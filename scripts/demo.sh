@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 wait_at_end=1
 [[ ${1:-} == --no-wait || ! -t 0 ]] && wait_at_end=0
 bash scripts/setup.sh
-cargo build --release -q -p millrace-cli
+cargo build --release -q -p millrace-cli -p millrace-server
 export MILLRACE_HOME=${MILLRACE_HOME:-$PWD/millrace-data}
 m=$PWD/target/release/millrace
 drives=$MILLRACE_HOME/drives

@@ -14,6 +14,7 @@ dependency on another workspace crate must be listed for it in CRATE_DEPS (what 
 or TEST_DEPS (what only its tests, examples and fuzz targets use). The tables are the graph
 docs/ARCHITECTURE.md ("Crates and what each may depend on") states: a new edge fails here until
 the table and that page are changed together, and so does an edge listed but no longer there.
+NEVER_REACHES names crates a crate may not reach even through others (the CLI and the server).
 Exits 1 when a circle or an edge outside the tables exists.
 Usage: scripts/module-circles.py [CRATES_DIR]
 """
@@ -34,7 +35,8 @@ except ImportError:  # Python before 3.11
 CRATE_DEPS = {
     "io": set(),
     "parity": set(),
-    "rdma": set(),
+    "rdma-devices": set(),
+    "rdma": {"rdma-devices"},  # re-exported as millrace_rdma::devices
     "block": {"io"},
     "array": {"block", "io", "parity"},
     "volume": {"block"},  # the pool is a BlockDevice here: never the array crate
@@ -42,11 +44,13 @@ CRATE_DEPS = {
     "nvmf": {"block", "io"},
     "nvmf-rdma": {"io", "nvmf", "rdma"},
     "bench": {"array"},
-    "server": {"array", "bench", "block", "io", "nbd", "nvmf", "nvmf-rdma", "rdma", "volume"},
-    # Known gap: the service layer and its request types live in millrace-server, so the CLI
-    # links the whole server (exports, HTTP) for its in-process mode, and reaches array and
-    # volume for types it prints (Level, PoolInfo, ScrubReport, VolumeInfo).
-    "cli": {"array", "bench", "server", "volume"},
+    # Known gap: the state still holds the NVMe/TCP target and the NBD server themselves (idle
+    # in the CLI's in-process mode), so the service layer links those two export crates.
+    "service": {"array", "bench", "block", "io", "nbd", "nvmf", "rdma-devices", "volume"},
+    "server": {"array", "io", "nvmf-rdma", "rdma", "service", "volume"},
+    # The CLI reaches array and volume for types it prints (Level, PoolInfo, ScrubReport,
+    # VolumeInfo); `millrace serve` execs the millrace-server program, so no edge to it.
+    "cli": {"array", "bench", "service", "volume"},
 }
 # What tests, examples and fuzz targets may add. Known gap: millrace-nvmf's bench example
 # (examples/nvmf_bench.rs) exports a real pool, so an export crate's dev-dependencies reach the
@@ -57,6 +61,15 @@ TEST_DEPS = {
     "cli": {"io", "nvmf"},
     "nvmf": {"array"},
     "nvmf-rdma": {"block"},
+    # The server's tests drive its exports with the crates' own initiators and devices.
+    "server": {"block", "nbd", "nvmf"},
+}
+# What a crate must not reach even through others (the closure of CRATE_DEPS): the command a
+# user runs for `pool show` links neither the server (axum, hyper, TLS) nor the RDMA binding
+# (issue #47), and neither does the service layer it links.
+NEVER_REACHES = {
+    "service": {"server", "nvmf-rdma", "rdma", "cli"},
+    "cli": {"server", "nvmf-rdma", "rdma"},
 }
 SECTIONS = (
     ("dependencies", "crate"),
@@ -225,10 +238,28 @@ def crate_layering(root):
     return out
 
 
+def reach_violations():
+    """Sentences, one per crate that NEVER_REACHES forbids and CRATE_DEPS lets it reach."""
+    out = []
+    for n, never in sorted(NEVER_REACHES.items()):
+        seen, todo = set(), [n]
+        while todo:
+            for d in CRATE_DEPS.get(todo.pop(), ()):
+                if d not in seen:
+                    seen.add(d)
+                    todo.append(d)
+        for d in sorted(seen & never):
+            out.append(
+                f"millrace-{n} reaches millrace-{d} through its dependencies, which its layer"
+                " may never link (NEVER_REACHES in this script, docs/ARCHITECTURE.md)"
+            )
+    return out
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else "crates"
     bad = 0
-    for line in crate_layering(root):
+    for line in crate_layering(root) + reach_violations():
         bad += 1
         print(line)
     for crate in sorted(os.listdir(root)):

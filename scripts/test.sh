@@ -54,6 +54,16 @@ step "cargo fmt" cargo fmt --all --check
 step "cargo clippy" cargo clippy --workspace --all-targets -q -- -D warnings
 step "layering: no two modules of a crate import each other; crate dependencies as docs/ARCHITECTURE.md" python3 scripts/module-circles.py
 step "sizes: no function over 100 lines, no file over 800" python3 scripts/code-sizes.py
+# The command a user runs for `pool show` links the service layer, not the server: no HTTP server
+# stack, no server-side TLS, no RDMA binding (issue #47; `millrace serve` execs millrace-server).
+# rustls stays, as ureq's client TLS for an HTTPS API.
+cli_links_no_server() {
+  local bad
+  bad=$(cargo tree -p millrace-cli -e normal --prefix none | awk '{print $1}' | sort -u |
+    grep -xE 'axum|axum-core|axum-server|hyper|hyper-util|tokio-rustls|utoipa-axum|rdma-mummy-sys|millrace-rdma|millrace-nvmf-rdma|millrace-server')
+  [[ -z $bad ]] || { echo "millrace-cli links what only the server may:" $bad; return 1; }
+}
+step "layering: the millrace command links no server, HTTP server stack or RDMA binding (cargo tree)" cli_links_no_server
 step "dependencies: none unused (cargo machete)" bash scripts/unused-deps.sh
 # The tests, binaries and examples in one build; the second command only checks that it has
 # nothing left to build (the guests run the binaries and examples).

@@ -9,7 +9,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use millrace_server::model::*;
+use millrace_service::model::*;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -37,10 +37,10 @@ fn bench(r: BenchRequest) {
     let Some(spec) = r.sim.as_deref() else {
         return;
     };
-    let Ok(setup) = millrace_server::bench::sim_bench_setup(spec, &r) else {
+    let Ok(setup) = millrace_service::bench::sim_bench_setup(spec, &r) else {
         return;
     };
-    let opts = millrace_server::bench::bench_options(&r, workloads);
+    let opts = millrace_service::bench::bench_options(&r, workloads);
     if opts.check().is_ok() {
         let _ = opts.memory_bytes(&setup);
         let _ = opts.points();

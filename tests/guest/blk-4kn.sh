@@ -12,12 +12,12 @@
 # failed (reads reconstructed), writes to the degraded pool (its partial-parity log) and the
 # server killed under them, the member replaced by another 4Kn disk and rebuilt, and a scrub
 # that finds every stripe consistent. First, a pool that mixes a 512-byte and a 4Kn member.
-#   usage (on the host): cargo build -p millrace-cli
+#   usage (on the host): cargo build -p millrace-cli -p millrace-server
 #          tests/guest/run-in-guest --timeout 1200 tests/guest/blk-4kn.sh $PWD/target/debug
 set -euo pipefail
 DIR=$(realpath "${1:-$PWD/target/debug}")
 MR=$DIR/millrace
-[[ -x $MR ]] || { echo "blk-4kn: millrace is missing under $DIR; build it first (cargo build -p millrace-cli)"; exit 1; }
+[[ -x $MR ]] || { echo "blk-4kn: millrace is missing under $DIR; build it first (cargo build -p millrace-cli -p millrace-server)"; exit 1; }
 HOST=nqn.2014-08.org.nvmexpress:uuid:4d696c6c-7261-6365-0000-000000000004
 HOSTID=4d696c6c-7261-6365-0000-000000000004
 work=$(mktemp -d /tmp/blk4kn.XXXXXX)

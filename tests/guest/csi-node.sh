@@ -10,7 +10,7 @@
 # and a volume made where a deleted one lay reads as zeros; then csi-sanity's Node suite with
 # filesystem volumes, one after another on the same space. Ends with
 # no volume and no NVMe connection left.
-#   usage (on the host): cargo build -p millrace-cli && bash tests/csi/build-for-guest.sh target/debug
+#   usage (on the host): cargo build -p millrace-cli -p millrace-server && bash tests/csi/build-for-guest.sh target/debug
 #          tests/guest/run-in-guest --timeout 1200 tests/guest/csi-node.sh $PWD/target/debug
 set -euo pipefail
 DIR=$(realpath "${1:-$PWD/target/debug}")

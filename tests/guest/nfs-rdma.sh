@@ -8,12 +8,12 @@
 # read back identical through RDMA and through a TCP mount of the same share; after a restart
 # of `millrace serve` the RDMA listener is still there. Where soft-RoCE cannot be set up (no
 # rdma_rxe, no `rdma` tool), it fails saying what is missing.
-#   usage (on the host): cargo build -p millrace-cli
+#   usage (on the host): cargo build -p millrace-cli -p millrace-server
 #          tests/guest/run-in-guest --timeout 1200 tests/guest/nfs-rdma.sh [target/debug]
 set -euo pipefail
 DIR=${1:-$PWD/target/debug}
 M=$DIR/millrace
-[[ -x $M ]] || { echo "nfs-rdma: $M is missing; build it first (cargo build -p millrace-cli)"; exit 1; }
+[[ -x $M ]] || { echo "nfs-rdma: $M is missing; build it first (cargo build -p millrace-cli -p millrace-server)"; exit 1; }
 # shellcheck source=../lib/soft-roce.sh
 source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../lib/soft-roce.sh"
 work=$(mktemp -d /tmp/nfsrdma.XXXXXX)

@@ -7,12 +7,12 @@
 # no client error; `millrace serve` restarted (shares taken down cleanly and rebuilt); the drives
 # imported into another running server (the share comes back with the import); a client
 # outside the list refused; and `share delete` leaving no mount, export or attached device.
-#   usage (on the host): cargo build -p millrace-cli
+#   usage (on the host): cargo build -p millrace-cli -p millrace-server
 #          tests/guest/run-in-guest --timeout 1200 tests/guest/nfs-share.sh [target/debug]
 set -euo pipefail
 DIR=${1:-$PWD/target/debug}
 M=$DIR/millrace
-[[ -x $M ]] || { echo "nfs-share: $M is missing; build it first (cargo build -p millrace-cli)"; exit 1; }
+[[ -x $M ]] || { echo "nfs-share: $M is missing; build it first (cargo build -p millrace-cli -p millrace-server)"; exit 1; }
 work=$(mktemp -d /tmp/nfsshare.XXXXXX)
 export MILLRACE_HOME=$work/home
 SHARE=/srv/millrace/tank/data

@@ -10,12 +10,12 @@
 # read-verify while the other path is inaccessible; `export list` and /metrics naming the paths
 # and states; a bad ANA request refused; and a volume grown while connected showing its new size
 # without reconnecting.
-#   usage (on the host): cargo build -p millrace-cli
+#   usage (on the host): cargo build -p millrace-cli -p millrace-server
 #          tests/guest/run-in-guest --timeout 1200 tests/guest/nvme-multipath.sh $PWD/target/debug
 set -euo pipefail
 DIR=$(realpath "${1:-$PWD/target/debug}")
 MR=$DIR/millrace
-[[ -x $MR ]] || { echo "nvme-multipath: millrace is missing under $DIR; build it first (cargo build -p millrace-cli)"; exit 1; }
+[[ -x $MR ]] || { echo "nvme-multipath: millrace is missing under $DIR; build it first (cargo build -p millrace-cli -p millrace-server)"; exit 1; }
 HOST=nqn.2014-08.org.nvmexpress:uuid:4d696c6c-7261-6365-0000-000000000049
 HOSTID=4d696c6c-7261-6365-0000-000000000049
 NQN=nqn.2026-11.dev.millrace:tank.mp

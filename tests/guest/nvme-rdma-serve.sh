@@ -14,7 +14,7 @@
 set -euo pipefail
 DIR=$(realpath "${1:-$PWD/target/debug}")
 MR=$DIR/millrace
-[[ -x $MR ]] || { echo "nvme-rdma-serve: millrace is missing under $DIR; build it first (cargo build -p millrace-cli)"; exit 1; }
+[[ -x $MR ]] || { echo "nvme-rdma-serve: millrace is missing under $DIR; build it first (cargo build -p millrace-cli -p millrace-server)"; exit 1; }
 # shellcheck source=../lib/soft-roce.sh
 source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../lib/soft-roce.sh"
 # shellcheck source=../lib/nvme-host.sh

@@ -11,12 +11,12 @@
 # where the guest's nvme_core can be loaded with multipath off, each controller also has its own
 # block device, and dd through B's is refused too (native multipath would join the two
 # controllers' namespaces into one block device whose path, hence host, the kernel picks).
-#   usage (on the host): cargo build -p millrace-cli
+#   usage (on the host): cargo build -p millrace-cli -p millrace-server
 #          tests/guest/run-in-guest --timeout 1200 tests/guest/nvme-resv.sh $PWD/target/debug
 set -euo pipefail
 DIR=$(realpath "${1:-$PWD/target/debug}")
 MR=$DIR/millrace
-[[ -x $MR ]] || { echo "nvme-resv: millrace is missing under $DIR; build it first (cargo build -p millrace-cli)"; exit 1; }
+[[ -x $MR ]] || { echo "nvme-resv: millrace is missing under $DIR; build it first (cargo build -p millrace-cli -p millrace-server)"; exit 1; }
 IDA=4d696c6c-7261-6365-0000-0000000049a1
 IDB=4d696c6c-7261-6365-0000-0000000049b1
 HA=nqn.2014-08.org.nvmexpress:uuid:$IDA

@@ -10,13 +10,13 @@
 # one, both invisible to the client; the export served again after a server restart with the data
 # intact; fio's verified 4 KiB writes to a RAID10 pool on four more disks, read back again with
 # one copy of each mirror failed; and the refusal of hosts and subsystems that are not allowed.
-#   usage (on the host): cargo build -p millrace-cli
+#   usage (on the host): cargo build -p millrace-cli -p millrace-server
 #          tests/guest/run-in-guest --timeout 1200 tests/guest/nvme-tcp.sh $PWD/target/debug
 set -euo pipefail
 # $1 is cargo's profile folder (target/debug), as scripts/test.sh passes it.
 DIR=$(realpath "${1:-$PWD/target/debug}")
 MR=$DIR/millrace
-[[ -x $MR ]] || { echo "nvme-tcp: millrace is missing under $DIR; build it first (cargo build -p millrace-cli)"; exit 1; }
+[[ -x $MR ]] || { echo "nvme-tcp: millrace is missing under $DIR; build it first (cargo build -p millrace-cli -p millrace-server)"; exit 1; }
 HOST=nqn.2014-08.org.nvmexpress:uuid:4d696c6c-7261-6365-0000-000000000001
 HOSTID=4d696c6c-7261-6365-0000-000000000001
 BADHOST=nqn.2014-08.org.nvmexpress:uuid:4d696c6c-7261-6365-0000-0000000000ff

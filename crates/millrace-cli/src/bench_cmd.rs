@@ -4,7 +4,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use millrace_array::Level;
 use millrace_bench::{sim::SimSpec, Options, Point};
-use millrace_server::model::BenchRequest;
+use millrace_service::model::BenchRequest;
 
 use crate::format::parse_bytes;
 use crate::service::{follow_job, Service};

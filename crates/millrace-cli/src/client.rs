@@ -37,7 +37,7 @@ impl Api {
         }
         // The server's lock, not its pid (which a dead server leaves to whoever gets it next),
         // says whether it runs.
-        if !millrace_server::server_running(home) {
+        if !millrace_service::server_running(home) {
             return Ok(None);
         }
         let sf = wait_until_ready(home)?;
@@ -226,8 +226,8 @@ pub fn seg(s: &str) -> String {
 /// answers; one that holds the home without it is still starting (assembling its pools,
 /// bringing shares back), so this waits for it (MILLRACE_START_WAIT seconds, 300 by default)
 /// rather than treating the home as unserved.
-fn wait_until_ready(home: &Path) -> Result<millrace_server::ServerFile> {
-    let f = millrace_server::server_file(home);
+fn wait_until_ready(home: &Path) -> Result<millrace_service::ServerFile> {
+    let f = millrace_service::server_file(home);
     let limit = std::env::var("MILLRACE_START_WAIT")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -239,7 +239,7 @@ fn wait_until_ready(home: &Path) -> Result<millrace_server::ServerFile> {
         if let Some(sf) = read.and_then(|t| serde_json::from_str(&t).ok()) {
             return Ok(sf);
         }
-        if !millrace_server::server_running(home) {
+        if !millrace_service::server_running(home) {
             bail!(
                 "the millrace server for {} stopped while it was starting; see its log",
                 home.display()

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use clap::Subcommand;
-use millrace_server::model::{
+use millrace_service::model::{
     AnaRequest, NbdExportRequest, NvmeExportRequest, NvmeHostKeysRequest,
 };
 use serde_json::Value;
@@ -136,7 +136,7 @@ pub enum HostCmd {
 fn read_secret(what: &str, path: &Path) -> Result<String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("cannot read the {what} file {}: {e}", path.display()))?;
-    millrace_server::nvme_auth::check_secret(&text)
+    millrace_service::nvme_auth::check_secret(&text)
         .map_err(|e| anyhow::anyhow!("the {what} in {} is refused: {e}", path.display()))
 }
 
@@ -337,7 +337,7 @@ fn list(svc: &dyn Service, json: bool, only: Option<&str>) -> Result<()> {
 
 /// An NVMe export's allowed hosts, one a line, each with its authentication when it has one:
 /// "HOSTNQN (dhchap: host)".
-fn allowed(e: &millrace_server::model::NvmeExportView) -> String {
+fn allowed(e: &millrace_service::model::NvmeExportView) -> String {
     let mut v: Vec<String> = (e.hosts.iter())
         .map(|h| match e.dhchap.get(h).map(String::as_str) {
             None | Some("none") => h.clone(),
@@ -351,7 +351,7 @@ fn allowed(e: &millrace_server::model::NvmeExportView) -> String {
 }
 
 /// An NVMe export's paths, one line each: "path tcp 10.0.0.5:4420 optimized (ANA group 1)".
-fn paths(e: &millrace_server::model::NvmeExportView) -> Vec<String> {
+fn paths(e: &millrace_service::model::NvmeExportView) -> Vec<String> {
     (e.paths.iter())
         .map(|p| {
             format!(
@@ -364,7 +364,7 @@ fn paths(e: &millrace_server::model::NvmeExportView) -> Vec<String> {
 
 /// An NVMe export's reservation, when a host registered or holds one: "reservation
 /// write-exclusive held by NQN; 2 hosts registered (kept through restarts)".
-fn reservation(e: &millrace_server::model::NvmeExportView) -> Option<String> {
+fn reservation(e: &millrace_service::model::NvmeExportView) -> Option<String> {
     let r = e.reservation.as_ref()?;
     if r.rtype.is_none() && r.registrants.is_empty() {
         return None;
@@ -515,7 +515,7 @@ pub fn run(home: &Path, svc: &dyn Service, cmd: ExportCmd) -> Result<()> {
                     serde_json::to_string_pretty(&serde_json::to_value(&c)?)?
                 );
             } else {
-                let mut at = vec![millrace_server::nbd_socket(home).display().to_string()];
+                let mut at = vec![millrace_service::nbd_socket(home).display().to_string()];
                 at.extend(c.socket.as_ref().map(|s| s.display().to_string()));
                 at.extend(c.listen.map(|l| format!("tcp {l}")));
                 println!(

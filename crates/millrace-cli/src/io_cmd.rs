@@ -3,7 +3,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
-use millrace_server::model::MAX_RAW_IO;
+use millrace_service::model::MAX_RAW_IO;
 
 use crate::format::parse_bytes;
 use crate::service::Service;

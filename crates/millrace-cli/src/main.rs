@@ -62,8 +62,18 @@ enum Cmd {
     /// NFS shares: a volume with XFS, exported by the kernel NFS server (needs `millrace serve`).
     #[command(subcommand)]
     Share(share_cmd::ShareCmd),
-    /// Run the data server: pools, exports, the HTTP API, /metrics and the dashboard.
-    Serve(serve_cmd::ServeArgs),
+    /// Run the data server: pools, exports, the HTTP API, /metrics and the dashboard (the
+    /// millrace-server program beside this one; `millrace serve --help` lists its options).
+    #[command(disable_help_flag = true)]
+    Serve {
+        /// The server's options.
+        #[arg(
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "OPTIONS"
+        )]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Read and write a pool's bytes directly (for scripts and tests).
     #[command(subcommand)]
     Io(io_cmd::IoCmd),
@@ -96,7 +106,7 @@ fn main() {
     // Like other Unix tools, end quietly when the reader of our output goes away (`| head`).
     // Not the server: a peer that hangs up must fail its own connection, never end the
     // process (it ignores SIGPIPE, see millrace_server::lifecycle).
-    if !matches!(cli.cmd, Cmd::Serve(_)) {
+    if !matches!(cli.cmd, Cmd::Serve { .. }) {
         // SAFETY: setting a signal's disposition to its default before any thread starts.
         unsafe {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
@@ -120,9 +130,8 @@ fn main() {
     use service::Scope::All;
     let result = (|| {
         let home = &cli.home;
-        if let Cmd::Serve(a) = cli.cmd {
-            let code = serve_cmd::run(home, a)?;
-            std::process::exit(code);
+        if let Cmd::Serve { args } = cli.cmd {
+            return serve_cmd::exec(home, cli.verbose, args);
         }
         let api = client::Api::find(home, cli.server.as_deref())?;
         let api = api.as_ref();
@@ -148,7 +157,7 @@ fn main() {
                 };
                 with_service(home, api, scope, |s| bench_cmd::run(s, a))
             }
-            Cmd::Serve(_) => unreachable!("handled above"),
+            Cmd::Serve { .. } => unreachable!("handled above"),
         }
     })();
     if let Err(e) = result {

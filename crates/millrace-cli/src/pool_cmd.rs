@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use millrace_array::engine::ScrubReport;
 use millrace_array::{Level, PoolInfo};
-use millrace_server::model::{
+use millrace_service::model::{
     CreatePool, ImportRequest, PathRequest, PoolView, RebuildRequest, ReplaceRequest, ScrubRequest,
 };
 

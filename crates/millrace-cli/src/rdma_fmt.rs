@@ -1,7 +1,7 @@
 //! The RDMA lines of `millrace status`: devices and ports, NFS/RDMA, NVMe/RDMA listeners and
 //! connected hosts per transport, from the server's status (or, with no server, from sysfs).
 
-use millrace_server::model::{RdmaView, Status};
+use millrace_service::model::{RdmaView, Status};
 
 /// Prints what `/api/v1/status` says about RDMA (its `rdma` object).
 pub fn print(r: &RdmaView) {
@@ -46,5 +46,5 @@ pub fn print_nvme(st: &Status) {
 
 /// The same, with no server: devices from sysfs.
 pub fn print_local() {
-    print(&millrace_server::rdma_view());
+    print(&millrace_service::rdma_view());
 }

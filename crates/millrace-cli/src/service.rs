@@ -8,8 +8,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{anyhow, Result};
-use millrace_server::model::*;
-use millrace_server::{service, ApiError, State};
+use millrace_service::model::*;
+use millrace_service::{service, ApiError, State};
 use millrace_volume::VolumeInfo;
 
 use crate::client::{seg, Api};

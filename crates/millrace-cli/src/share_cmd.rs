@@ -7,7 +7,7 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 use clap::Subcommand;
-use millrace_server::model::ShareRequest;
+use millrace_service::model::ShareRequest;
 
 use crate::format::{human, parse_bytes, table};
 use crate::service::Service;

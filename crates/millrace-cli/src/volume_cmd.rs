@@ -3,7 +3,7 @@
 
 use anyhow::{anyhow, Result};
 use clap::Subcommand;
-use millrace_server::model::{CreateVolume, GrowVolume};
+use millrace_service::model::{CreateVolume, GrowVolume};
 use millrace_volume::VolumeInfo;
 
 use crate::format::{human, parse_bytes, table};

@@ -370,3 +370,31 @@ fn a_drive_in_use_elsewhere_is_refused_not_dropped() {
         .success()
         .stdout(contains("online"));
 }
+
+/// `millrace serve` runs the millrace-server program beside `millrace`; where it is missing the
+/// command says where it looked and how to get it, and `serve --help` is the server's own.
+#[test]
+fn serve_runs_the_server_program_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let alone = dir.path().join("millrace");
+    std::fs::copy(assert_cmd::cargo::cargo_bin("millrace"), &alone).unwrap();
+    let out = std::process::Command::new(&alone)
+        .env("MILLRACE_HOME", dir.path().join("home"))
+        .args(["serve", "--api", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let missing = dir.path().join("millrace-server");
+    assert!(
+        err.contains(&format!("{} is missing", missing.display()))
+            && err.contains("cargo build --workspace --bins"),
+        "{err}"
+    );
+    millrace(dir.path())
+        .args(["serve", "--help"])
+        .assert()
+        .success()
+        .stdout(contains("Usage: millrace serve"))
+        .stdout(contains("--nvme-rdma"));
+}

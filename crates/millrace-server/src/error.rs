@@ -1,10 +1,12 @@
-//! The one error type of the server's actions: a status (what kind of refusal) and a sentence
-//! that says what was wrong and what to do. The HTTP layer turns it into `{"error": sentence}`
-//! with the status; the CLI prints the sentence.
+//! The service layer's refusals as the API answers them: `{"error": sentence}` with the status.
+//! A type of this crate (axum's `IntoResponse` cannot be given to the service crate's type
+//! here), made from the service's `ApiError` by `?`.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+
+pub use millrace_service::ErrorBody;
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -14,27 +16,22 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn bad_request(m: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::BAD_REQUEST,
-            message: m.into(),
-        }
+        millrace_service::ApiError::bad_request(m).into()
     }
     pub fn not_found(m: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::NOT_FOUND,
-            message: m.into(),
-        }
-    }
-    pub fn conflict(m: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::CONFLICT,
-            message: m.into(),
-        }
+        millrace_service::ApiError::not_found(m).into()
     }
     pub fn internal(m: impl Into<String>) -> Self {
+        millrace_service::ApiError::internal(m).into()
+    }
+}
+
+impl From<millrace_service::ApiError> for ApiError {
+    fn from(e: millrace_service::ApiError) -> Self {
+        // The same `http` crate's StatusCode on both sides: axum re-exports it.
         Self {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: m.into(),
+            status: e.status,
+            message: e.message,
         }
     }
 }
@@ -58,18 +55,3 @@ impl IntoResponse for ApiError {
 }
 
 impl std::error::Error for ApiError {}
-
-/// What a refused call answers.
-#[derive(serde::Serialize, serde::Deserialize, Debug, utoipa::ToSchema)]
-pub struct ErrorBody {
-    /// What was wrong and what to do.
-    pub error: String,
-}
-
-impl ErrorBody {
-    pub fn new(error: impl Into<String>) -> Self {
-        Self {
-            error: error.into(),
-        }
-    }
-}

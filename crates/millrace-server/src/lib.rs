@@ -6,45 +6,32 @@
 // Functions stay under 100 lines (clippy.toml); tests may be longer.
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
 
-// Dependencies point one way (tests/layers.rs checks it), from the bottom up: error, props
-// (what volumes record), nvme_resv (NVMe reservations recorded in the home); jobs, metered;
-// model (requests and responses); state (the pools held); exports; shares; pools (taking
-// pools into service brings their exports and shares back); bench, metrics, rdma; api.
+// Dependencies point one way (tests/layers.rs checks it), from the bottom up: error (the
+// service's refusals as HTTP answers), lifecycle, http (the accept loop); metrics, rdma; api.
+// The service layer (state, operations, model) is millrace-service, below this crate.
 mod api;
-pub mod bench;
-pub mod datapath;
 mod error;
-mod exports;
 mod http;
-mod jobs;
 pub mod lifecycle;
-mod metered;
 mod metrics;
-pub mod model;
-pub mod nfs_rdma;
-pub mod nvme_auth;
-mod nvme_resv;
-mod pools;
-mod props;
 mod rdma;
-pub mod service;
-mod shares;
-mod sockpath;
-mod state;
+
+// The service crate's modules under their old names: the API, /metrics and the tests reach
+// them as before, through this crate.
+pub use millrace_service::{
+    bench, datapath, jobs, metered, model, nbd_socket, nfs_rdma, nvme_auth, rdma_view, server_file,
+    server_lock, server_running, service, state, NbdExportConfig, NvmeExportConfig, ServerFile,
+    ShareConfig, ShareView, State, DEFAULT_BENCH_MEMORY,
+};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
 
 pub use error::ApiError;
 pub use http::HttpLimits;
-pub use model::ShareView;
-pub use props::{NbdExportConfig, NvmeExportConfig, ShareConfig};
-pub use rdma::view as rdma_view;
-pub use state::State;
 
 /// Where the server listens and what it guards.
 #[derive(Clone, Debug)]
@@ -71,50 +58,10 @@ pub struct ServeConfig {
     pub data_path: datapath::DataPathConfig,
 }
 
-/// The default of `ServeConfig::bench_memory` (`serve --bench-memory`).
-pub const DEFAULT_BENCH_MEMORY: u64 = 1 << 30;
-
 #[derive(Clone, Debug)]
 pub struct TlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
-}
-
-/// What `millrace serve` leaves in MILLRACE_HOME while it runs, so the CLI finds it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ServerFile {
-    pub url: String,
-    pub pid: u32,
-    pub nbd_socket: PathBuf,
-    /// The API's certificate when it speaks HTTPS, for the CLI on this machine to trust.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls_cert: Option<PathBuf>,
-}
-
-pub fn server_file(home: &std::path::Path) -> PathBuf {
-    home.join("server.json")
-}
-
-pub fn nbd_socket(home: &std::path::Path) -> PathBuf {
-    home.join("nbd.sock")
-}
-
-/// The file a running server holds locked (flock) for its whole life: the lock, not the pid in
-/// server.json, says whether a server runs, so a dead server's record (its pid reused by
-/// another process) never blocks a start or the CLI.
-pub fn server_lock(home: &std::path::Path) -> PathBuf {
-    home.join("server.lock")
-}
-
-/// Whether a live server holds `home` (its lock is taken).
-pub fn server_running(home: &std::path::Path) -> bool {
-    use std::os::fd::AsRawFd;
-    let Ok(f) = std::fs::File::open(server_lock(home)) else {
-        return false;
-    };
-    // SAFETY: flock on a descriptor this function owns; closing it releases a lock it took.
-    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
-    r != 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
 }
 
 /// Runs the server until a signal asks it to stop: named start-up steps, the API until the
@@ -504,6 +451,16 @@ async fn shut_down(
     Ok(())
 }
 
+/// An NVMe/RDMA listener as the service layer holds it: counted by /metrics, alive as long as
+/// the state holds it.
+struct RdmaQueues(millrace_nvmf_rdma::serve::RdmaListener);
+
+impl millrace_service::QueueCounts for RdmaQueues {
+    fn queues(&self) -> (usize, u64, u64) {
+        self.0.queues()
+    }
+}
+
 /// Starts the NVMe/RDMA listeners. One that cannot start (no RDMA device, no rdma-core, an
 /// address no RDMA device has) is reported with its reason and skipped: NVMe/TCP and the rest
 /// serve as before. Returns what the start-up line says about them.
@@ -523,7 +480,7 @@ fn start_nvme_rdma(state: &Arc<State>, addrs: &[SocketAddr]) -> String {
         match listening {
             Ok(l) => {
                 up.push(l.local_addr().to_string());
-                state.nvme_rdma.lock().push(l);
+                state.nvme_rdma.lock().push(Box::new(RdmaQueues(l)));
             }
             Err(e) => {
                 tracing::error!(%addr, "NVMe/RDMA is off: {e}");

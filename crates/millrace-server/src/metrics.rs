@@ -448,7 +448,7 @@ fn register_nvme_rdma(
         "millrace_nvme_hosts",
         "Hosts connected to the NVMe-oF target now (controllers), per transport",
     );
-    let per = crate::rdma::hosts_per_transport(&state.nvmf);
+    let per = millrace_service::rdma::hosts_per_transport(&state.nvmf);
     for (t, n) in [("tcp", per.tcp), ("rdma", per.rdma)] {
         let l = TransportL {
             transport: t.into(),

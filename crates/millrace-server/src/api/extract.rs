@@ -8,11 +8,12 @@ use crate::error::ApiError;
 
 /// Runs blocking pool work off the async threads.
 pub async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+    f: impl FnOnce() -> Result<T, millrace_service::ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| ApiError::internal(format!("the request's worker failed: {e}")))?
+        .map_err(ApiError::from)
 }
 
 /// JSON bodies whose problems come back as our 400 sentence, not axum's plain text.

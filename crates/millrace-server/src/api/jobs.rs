@@ -32,7 +32,7 @@ async fn status(axum::extract::State(s): S) -> Result<Json<Status>, ApiError> {
 #[utoipa::path(get, path = "/api/v1/jobs", tag = "jobs",
     responses((status = 200, description = "Jobs", body = JobList)))]
 async fn jobs(axum::extract::State(s): S) -> Result<Json<JobList>, ApiError> {
-    service::jobs(&s).map(Json)
+    Ok(Json(service::jobs(&s)?))
 }
 
 /// One job
@@ -40,7 +40,7 @@ async fn jobs(axum::extract::State(s): S) -> Result<Json<JobList>, ApiError> {
     params(("id" = u64, Path, description = "The job's number")),
     responses((status = 200, description = "The job", body = JobView)))]
 async fn job(axum::extract::State(s): S, P(id): P<u64>) -> Result<Json<JobView>, ApiError> {
-    service::job(&s, id).map(Json)
+    Ok(Json(service::job(&s, id)?))
 }
 
 /// Start a bench run: a simulated pool, or the read workloads of a served pool; its job's

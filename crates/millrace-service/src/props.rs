@@ -14,7 +14,8 @@ pub const NBD_PROP: &str = "export.nbd";
 
 pub const SHARE_PROP: &str = "share.nfs";
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, utoipa::ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NvmeExportConfig {
     /// The subsystem NQN hosts connect to.
     pub nqn: String,
@@ -34,7 +35,8 @@ fn first_ana_group() -> u32 {
     1
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, utoipa::ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NbdExportConfig {
     /// The export name clients ask for.
     pub name: String,
@@ -43,12 +45,12 @@ pub struct NbdExportConfig {
     pub clients: Vec<String>,
     /// A TCP address of its own to listen on, besides the server's `--nbd-listen`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub listen: Option<std::net::SocketAddr>,
     /// A Unix socket of its own (as the kernel NBD client of a share uses), besides
     /// MILLRACE_HOME/nbd.sock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub socket: Option<std::path::PathBuf>,
 }
 
@@ -88,7 +90,8 @@ pub fn check_nqn(what: &str, n: &str) -> Result<(), ApiError> {
     }
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, utoipa::ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ShareConfig {
     /// NFS clients allowed (addresses, networks such as 10.0.0.0/24, or host names).
     pub clients: Vec<String>,
@@ -99,10 +102,10 @@ pub struct ShareConfig {
     /// Requests from root on a client are mapped to nobody.
     #[serde(default = "yes")]
     pub root_squash: bool,
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub mountpoint: PathBuf,
     /// The Unix socket of the share's own NBD export, which the kernel NBD client uses.
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub nbd_socket: PathBuf,
     /// The NBD device it was last attached to (informational: a restart may pick another).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use millrace_array::PoolInfo;
 use millrace_volume::VolumeInfo;
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 use crate::props::ShareConfig;
 
@@ -24,7 +23,8 @@ fn yes() -> bool {
 }
 
 /// A pool as the API shows it: what `pool show --json` prints, plus volumes and counters.
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PoolView {
     #[serde(flatten)]
     pub info: PoolInfo,
@@ -53,7 +53,8 @@ pub struct PoolView {
     pub notes: Vec<String>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, Default, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct MemberIo {
     pub index: usize,
     pub read_bytes: u64,
@@ -63,7 +64,8 @@ pub struct MemberIo {
     pub errors: u64,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, Default, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PoolStats {
     pub read_bytes: u64,
     pub write_bytes: u64,
@@ -71,19 +73,21 @@ pub struct PoolStats {
     pub write_ops: u64,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PoolList {
     pub pools: Vec<PoolView>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CreatePool {
     pub name: String,
     /// raid0, raid1, raid10, raid5, raid6, raid50 or raid60.
     pub level: String,
     pub strip_bytes: Option<u64>,
     pub group: Option<usize>,
-    #[schema(value_type = Vec<String>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
     pub drives: Vec<PathBuf>,
     /// Create missing drive files of this size.
     pub create_size_bytes: Option<u64>,
@@ -94,23 +98,26 @@ pub struct CreatePool {
     pub force: bool,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ImportRequest {
-    #[schema(value_type = Vec<String>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
     pub drives: Vec<PathBuf>,
     #[serde(default)]
     pub force: bool,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ImportResponse {
     pub pools: Vec<PoolView>,
     pub notes: Vec<String>,
 }
 
 /// Where in a pool raw bytes are read or written.
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema, utoipa::IntoParams)]
-#[into_params(parameter_in = Query)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema, utoipa::IntoParams))]
+#[cfg_attr(feature = "openapi", into_params(parameter_in = Query))]
 pub struct DataQuery {
     /// Byte offset in the pool.
     pub offset: u64,
@@ -118,60 +125,69 @@ pub struct DataQuery {
     pub length: Option<u64>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Written {
     pub written: usize,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Destroyed {
     pub destroyed: String,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PathRequest {
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub path: PathBuf,
     #[serde(default)]
     pub force: bool,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Message {
     pub message: String,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReplaceRequest {
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub old: PathBuf,
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub new: PathBuf,
     #[serde(default)]
     pub force: bool,
     pub rate_bytes_per_sec: Option<u64>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReplaceResponse {
     pub message: String,
     /// The rebuild onto the new drive, when one started.
     pub job: Option<u64>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, Default, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ScrubRequest {
     #[serde(default)]
     pub repair: bool,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, Default, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RebuildRequest {
     pub rate_bytes_per_sec: Option<u64>,
 }
 
 /// A job that was started.
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobStarted {
     pub job: u64,
     /// What the job leaves out or cannot use, said before it runs.
@@ -180,22 +196,26 @@ pub struct JobStarted {
 }
 
 /// The rebuild job, or null when nothing waits for one.
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RebuildResponse {
     pub job: Option<u64>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobList {
     pub jobs: Vec<JobView>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct VolumeList {
     pub volumes: Vec<VolumeInfo>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CreateVolume {
     pub name: String,
     /// Rounded up to the pool's full stripe.
@@ -209,29 +229,34 @@ pub struct CreateVolume {
     pub props: BTreeMap<String, String>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GrowVolume {
     pub size_bytes: u64,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Deleted {
     pub deleted: String,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Removed {
     pub removed: String,
 }
 
 /// Every export and who is connected.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ExportsView {
     pub nvme: Vec<NvmeExportView>,
     pub nbd: Vec<NbdExportView>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NvmeExportView {
     pub pool: String,
     pub volume: String,
@@ -258,7 +283,8 @@ pub struct NvmeExportView {
 }
 
 /// An NVMe export's persistent reservations, as `nvme resv-report` shows them to a host.
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NvmeReservation {
     /// The reservation held: write-exclusive, exclusive-access, their -registrants-only and
     /// -all-registrants forms; null when none is.
@@ -276,7 +302,8 @@ pub struct NvmeReservation {
 }
 
 /// A host registered with an export's namespace.
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NvmeRegistrant {
     /// The host NQN it registered from.
     pub host: String,
@@ -292,7 +319,8 @@ fn one() -> u32 {
     1
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NvmeConnection {
     pub host: String,
     pub peer: String,
@@ -305,7 +333,8 @@ pub struct NvmeConnection {
 }
 
 /// One path to an NVMe export: a listener, and the ANA state of the export's group there.
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NvmePath {
     /// tcp or rdma.
     pub transport: String,
@@ -316,7 +345,8 @@ pub struct NvmePath {
 }
 
 /// Sets the ANA state of an NVMe export's group on one path.
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AnaRequest {
     /// The listener (ADDR:PORT) whose state changes, as `export list` shows it.
     pub listener: String,
@@ -327,14 +357,15 @@ pub struct AnaRequest {
     pub state: String,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NbdExportView {
     pub pool: String,
     pub volume: String,
     pub name: String,
     pub clients: Vec<String>,
     pub listen: Option<String>,
-    #[schema(value_type = Option<String>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub socket: Option<PathBuf>,
     pub serving: bool,
     /// Open client connections.
@@ -343,7 +374,8 @@ pub struct NbdExportView {
     pub connected: Vec<String>,
 }
 
-#[derive(Serialize, Deserialize, Clone, ToSchema)]
+#[derive(Serialize, Deserialize, Clone)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NvmeExportRequest {
     pub pool: String,
     pub volume: String,
@@ -384,7 +416,8 @@ impl std::fmt::Debug for NvmeExportRequest {
 }
 
 /// A host's DH-HMAC-CHAP secrets on an export, to set or rotate them.
-#[derive(Serialize, Deserialize, Clone, ToSchema)]
+#[derive(Serialize, Deserialize, Clone)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NvmeHostKeysRequest {
     /// The host's secret, `DHHC-1:XX:BASE64:`.
     pub dhchap_secret: String,
@@ -393,7 +426,8 @@ pub struct NvmeHostKeysRequest {
     pub dhchap_ctrl_secret: Option<String>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NbdExportRequest {
     pub pool: String,
     pub volume: String,
@@ -403,19 +437,21 @@ pub struct NbdExportRequest {
     #[serde(default)]
     pub clients: Vec<String>,
     /// A TCP address of the export's own to listen on.
-    #[schema(value_type = Option<String>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub listen: Option<std::net::SocketAddr>,
     /// A Unix socket of the export's own.
-    #[schema(value_type = Option<String>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub socket: Option<PathBuf>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ShareList {
     pub shares: Vec<ShareView>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ShareRequest {
     pub pool: String,
     pub volume: String,
@@ -424,15 +460,16 @@ pub struct ShareRequest {
     pub clients: Vec<String>,
     /// NFS `sync` unless asked otherwise: acknowledged writes survive a crash.
     #[serde(default = "yes")]
-    #[schema(default = true)]
+    #[cfg_attr(feature = "openapi", schema(default = true))]
     pub sync: bool,
     #[serde(default = "yes")]
-    #[schema(default = true)]
+    #[cfg_attr(feature = "openapi", schema(default = true))]
     pub root_squash: bool,
 }
 
 /// A share as the API lists it.
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ShareView {
     pub pool: String,
     pub volume: String,
@@ -451,7 +488,8 @@ pub struct ShareView {
 }
 
 /// The server at a glance.
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Status {
     pub version: String,
     pub uptime_s: u64,
@@ -474,13 +512,15 @@ pub struct Status {
 }
 
 /// Hosts connected to the NVMe-oF target now (controllers), per transport.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NvmeHosts {
     pub tcp: u64,
     pub rdma: u64,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NvmeListener {
     /// tcp or rdma.
     pub transport: String,
@@ -489,20 +529,23 @@ pub struct NvmeListener {
 }
 
 /// The host's RDMA devices and nfsd's NFS/RDMA listener.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RdmaView {
     pub devices: Vec<RdmaDevice>,
     pub nfs_rdma_port: Option<u16>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RdmaDevice {
     pub name: String,
     pub node_guid: String,
     pub ports: Vec<RdmaPort>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RdmaPort {
     pub port: u32,
     pub state: String,
@@ -513,7 +556,8 @@ pub struct RdmaPort {
 
 /// A bench run: a simulated pool, or a pool's workloads (only its reads while it is served).
 /// Its job's result holds `results` (as `millrace bench --json`) and `table`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, ToSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct BenchRequest {
     /// A pool (its read workloads only, unless `write`).
     pub pool: Option<String>,
@@ -539,6 +583,7 @@ pub struct BenchRequest {
 }
 
 /// Raw bytes of a pool (the body of a data read or write).
-#[derive(ToSchema)]
-#[schema(value_type = String, format = Binary)]
+#[derive()]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(value_type = String, format = Binary))]
 pub struct RawBytes(pub Vec<u8>);

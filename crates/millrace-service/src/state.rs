@@ -17,6 +17,13 @@ use crate::metered::Meters;
 use crate::model::{MemberIo, PoolStats, PoolView};
 use crate::props::{self, NvmeExportConfig, NVME_PROP};
 
+/// A listener of a transport the server runs beside the service layer (NVMe/RDMA): what
+/// /metrics counts of it, and the listener kept alive while the state holds it.
+pub trait QueueCounts: Send {
+    /// Queues open now, opened in all, refused in all.
+    fn queues(&self) -> (usize, u64, u64);
+}
+
 pub struct PoolEntry {
     pub pool: Pool,
     pub volumes: Volumes,
@@ -34,8 +41,9 @@ pub struct State {
     pub nvmf: millrace_nvmf::Target,
     /// The records of NVMe reservations that persist through power loss.
     pub(crate) resv_files: Arc<crate::nvme_resv::ResvFiles>,
-    /// The NVMe/RDMA listeners `millrace serve --nvme-rdma` started.
-    pub nvme_rdma: parking_lot::Mutex<Vec<millrace_nvmf_rdma::serve::RdmaListener>>,
+    /// The NVMe/RDMA listeners `millrace serve --nvme-rdma` started, held here as counters so
+    /// this crate does not link the RDMA binding (the server owns the transport).
+    pub nvme_rdma: parking_lot::Mutex<Vec<Box<dyn QueueCounts>>>,
     pub nbd: Arc<millrace_nbd::NbdServer>,
     /// The cores and buffer pool of `millrace serve` (unset offline).
     pub data_path: std::sync::OnceLock<crate::datapath::DataPath>,

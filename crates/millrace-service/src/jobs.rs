@@ -8,7 +8,8 @@ use parking_lot::Mutex;
 use serde::Serialize;
 
 /// A rebuild, scrub or bench run, running or finished.
-#[derive(Clone, Debug, Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobView {
     pub id: u64,
     /// rebuild, scrub or bench.
@@ -21,7 +22,7 @@ pub struct JobView {
     pub percent: f64,
     pub message: String,
     /// What the job found (a scrub's counts, a bench run's results and table).
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub result: Option<serde_json::Value>,
 }
 

@@ -24,7 +24,7 @@ fn parse_portlist(text: &str) -> Option<u16> {
 /// listens on (None: no RDMA device, or the listener could not be added, which is logged).
 /// Needs nfsd's file system mounted at /proc/fs/nfsd; harmless to call again.
 pub fn ensure() -> Option<u16> {
-    if !millrace_rdma::devices::any() {
+    if !millrace_rdma_devices::any() {
         return None;
     }
     if let Some(p) = listening_port() {
