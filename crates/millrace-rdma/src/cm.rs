@@ -229,7 +229,9 @@ impl Listener {
     }
 
     /// The next connect request. Other events on the listening id are logged and skipped;
-    /// a removed device ends the listener with an error.
+    /// a removed device ends the listener with an error. A request that cannot be taken (no
+    /// descriptor left for its channel, say) is rejected and reported as [`Error::Request`],
+    /// after which the listener may go on.
     pub async fn accept(&self) -> Result<ConnectRequest> {
         loop {
             let ev = self.chan.next().await?;
@@ -282,16 +284,34 @@ pub struct ConnectRequest {
 impl ConnectRequest {
     fn new(ev: CmEvent) -> Result<ConnectRequest> {
         // The request's id is new and ours; it moves to a channel of its own.
-        let chan = Channel::new()?;
-        let id = CmId {
-            id: ev.id,
-            chan: chan.clone(),
-            has_qp: false,
+        let chan = match Channel::new() {
+            Ok(c) => c,
+            Err(e) => {
+                // SAFETY: the id is live and ours, its only event acknowledged; it is not
+                // used again (destroying it also frees what the kernel holds for it).
+                unsafe {
+                    sys::rdma_reject(ev.id, std::ptr::null(), 0);
+                    sys::rdma_destroy_id(ev.id);
+                }
+                return Err(Error::Request(Box::new(e)));
+            }
         };
         // SAFETY: the id is live, its only event so far was acknowledged.
         if unsafe { sys::rdma_migrate_id(ev.id, chan.ch) } != 0 {
-            return Err(Error::last("rdma_migrate_id"));
+            let e = Error::last("rdma_migrate_id");
+            // SAFETY: as above; the id stays on the listener's channel, whose events are all
+            // acknowledged.
+            unsafe {
+                sys::rdma_reject(ev.id, std::ptr::null(), 0);
+                sys::rdma_destroy_id(ev.id);
+            }
+            return Err(Error::Request(Box::new(e)));
         }
+        let id = CmId {
+            id: ev.id,
+            chan,
+            has_qp: false,
+        };
         Ok(ConnectRequest {
             id,
             private_data: ev.private_data,
