@@ -87,7 +87,8 @@ grep -q "subnqn" "$work/discbad" && { cat "$work/discbad"; fail "discovery over 
 step "nvme discover -t rdma: $NQN listed once over rdma and once over tcp; hidden from a stranger"
 
 # The value of metric line $1 (its name and labels as /metrics writes them), or nothing.
-metric() { curl -s "$api/metrics" | awk -v k="$1" 'index($0, k " ") == 1 { print $2; exit }'; }
+# awk reads to the end: leaving early fails curl's write (status 23), and with it the script.
+metric() { { curl -s "$api/metrics" || true; } | awk -v k="$1" 'index($0, k " ") == 1 && !n++ { print $2 }'; }
 # Waits (up to 30 s) until no NVMe/RDMA queue is open and no pool buffer is in use.
 idle() {
   local open in_use
@@ -138,7 +139,7 @@ hangups() {
   [[ -n $api ]] || fail "no API url in $MILLRACE_HOME/server.json"
   idle "before the hang-ups"
   t_h=$(date +%s)
-  timeout 900 "$hang" "$RDMA_ADDR:4420" "$NQN" "$HOST" --stalled 48 --max-ms 1000 --deadline-s 120 > "$work/hang.out" 2>&1 \
+  timeout 900 "$hang" "$RDMA_ADDR:4420" "$NQN" "$HOST" --stalled 48 --max-ms 1000 --churn-max-ms 3000 --deadline-s 120 > "$work/hang.out" 2>&1 \
     || { cat "$work/hang.out"; fail "misbehaving NVMe/RDMA hosts disturbed the good one, or the target kept what they held"; }
   grep -q 'rdma_hangups: PASS' "$work/hang.out" || { cat "$work/hang.out"; fail "rdma_hangups did not say PASS"; }
   kill -0 "$spid" 2>/dev/null || fail "the server died under misbehaving NVMe/RDMA hosts"
