@@ -10,7 +10,10 @@
 # resets under fio; hang-ups (#46): `examples/rdma_hangups` plays 48 misbehaving controllers
 # (32 MiB of writes whose data cannot be read, reads whose responses find no receive, queue pairs
 # that never Connect, disconnects with I/O in flight, processes killed with SIGKILL) while a good
-# controller's 4 KiB writes and reads are each answered within 1 s and verified, and the target
+# controller's 4 KiB writes and reads are each answered and verified (within 3 s while the 48
+# hold their transfers, 10 s while queue pairs are set up or torn down: the emulated guest is for
+# correctness, not timing, and its soft-RoCE burns the same CPUs; the slowest round of each
+# phase is printed), and the target
 # closes every stalled queue by its deadlines; then the stock host's fio is killed with SIGKILL
 # and a controller disconnected under load while another fio verifies; every time /metrics goes
 # back to idle (no NVMe/RDMA queue, no buffer in use), abandoned requests and timeouts are
@@ -128,7 +131,8 @@ disconnect() {
 # 48 controllers hold 32 MiB of writes the target cannot read, 32 MiB of reads whose responses
 # find no receive, queue pairs that never Connect, or disconnect with 32 MiB in flight; 4
 # processes with I/O in flight are killed with SIGKILL. A good controller's 4 KiB writes and
-# reads must each be answered within 1 s and read back byte for byte throughout, and the target
+# reads must each be answered (see the header for the bounds) and read back byte for byte
+# throughout, and the target
 # must close every stalled queue by itself (handshake 10 s, transfer 10 s, reply 30 s). Then the
 # stock host: fio killed with SIGKILL, and a controller disconnected under load, while another
 # controller's fio verifies. After each, /metrics is back to idle.
@@ -139,7 +143,7 @@ hangups() {
   [[ -n $api ]] || fail "no API url in $MILLRACE_HOME/server.json"
   idle "before the hang-ups"
   t_h=$(date +%s)
-  timeout 900 "$hang" "$RDMA_ADDR:4420" "$NQN" "$HOST" --stalled 48 --max-ms 1000 --churn-max-ms 3000 --deadline-s 120 > "$work/hang.out" 2>&1 \
+  timeout 900 "$hang" "$RDMA_ADDR:4420" "$NQN" "$HOST" --stalled 48 --max-ms 3000 --churn-max-ms 10000 --deadline-s 120 > "$work/hang.out" 2>&1 \
     || { cat "$work/hang.out"; fail "misbehaving NVMe/RDMA hosts disturbed the good one, or the target kept what they held"; }
   grep -q 'rdma_hangups: PASS' "$work/hang.out" || { cat "$work/hang.out"; fail "rdma_hangups did not say PASS"; }
   kill -0 "$spid" 2>/dev/null || fail "the server died under misbehaving NVMe/RDMA hosts"
