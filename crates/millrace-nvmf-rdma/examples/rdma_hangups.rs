@@ -532,21 +532,13 @@ async fn main() {
     }
 }
 
-async fn run(a: &Args) -> Result<(), String> {
-    let t0 = Instant::now();
-    let mut h = controller(a.addr, &a.sub, &a.host, (4096, DEPTH), Receives::All).await?;
-    let lba = lba_bytes(&mut h).await?;
-    let mut good = Good {
-        h,
-        lba,
-        rng: 0x9e3779b97f4a7c15,
-        max: a.max,
-        phase: "alone",
-        done: 0,
-        slowest: Vec::new(),
-    };
-    good.round().await?;
-    good.phase("hosts connecting", a.churn_max);
+/// Starts the 4 processes to be killed and the misbehaving controllers, the good host checked
+/// between each.
+async fn start_misbehaving(
+    a: &Args,
+    good: &mut Good,
+    lba: usize,
+) -> Result<(Vec<std::process::Child>, Vec<Bad>), String> {
     // Killed processes: each a controller with I/O in flight when SIGKILL comes.
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut kids = Vec::new();
@@ -577,6 +569,25 @@ async fn run(a: &Args) -> Result<(), String> {
         );
         good.round().await?;
     }
+    Ok((kids, bad))
+}
+
+async fn run(a: &Args) -> Result<(), String> {
+    let t0 = Instant::now();
+    let mut h = controller(a.addr, &a.sub, &a.host, (4096, DEPTH), Receives::All).await?;
+    let lba = lba_bytes(&mut h).await?;
+    let mut good = Good {
+        h,
+        lba,
+        rng: 0x9e3779b97f4a7c15,
+        max: a.max,
+        phase: "alone",
+        done: 0,
+        slowest: Vec::new(),
+    };
+    good.round().await?;
+    good.phase("hosts connecting", a.churn_max);
+    let (kids, bad) = start_misbehaving(a, &mut good, lba).await?;
     good.phase("48 stalled", a.max);
     good.for_a_while(Duration::from_secs(2)).await?;
     good.phase("processes killed", a.churn_max);

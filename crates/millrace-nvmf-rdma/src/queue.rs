@@ -307,10 +307,34 @@ impl<C: Commands> Queue<C> {
 
     /// Ends the queue: the host is told, the commands on the volume finish there, and what
     /// the device may touch goes when `self` does (the queue pair first).
-    fn stop(mut self, why: Stop) -> Ended {
+    fn stop(self, why: Stop) -> Ended {
         let _ = self.id.disconnect();
         let abandoned = (self.slots.iter()).filter(|s| s.busy && !s.parked).count();
-        self.tasks.detach_all();
+        let Queue {
+            id,
+            qp,
+            cq,
+            recv,
+            rsp,
+            slots,
+            mut tasks,
+            waits,
+            ..
+        } = self;
+        tasks.detach_all();
+        drop(waits);
+        // Destroying a queue pair waits for the device to flush its work (in soft-RoCE, seconds
+        // for one stuck in receiver-not-ready retries), which on this core would stall every
+        // other queue it serves: it happens on a blocking thread. The slots' buffers, which the
+        // device may write until then, go back on this core afterwards.
+        tokio::spawn(async move {
+            let device = tokio::task::spawn_blocking(move || drop((id, qp, cq, recv, rsp))).await;
+            match device {
+                Ok(()) => drop(slots),
+                // The queue pair may be alive: its buffers are never handed out again.
+                Err(_) => std::mem::forget(slots),
+            }
+        });
         Ended { why, abandoned }
     }
 
