@@ -143,7 +143,7 @@ hangups() {
   [[ -n $api ]] || fail "no API url in $MILLRACE_HOME/server.json"
   idle "before the hang-ups"
   t_h=$(date +%s)
-  timeout 900 "$hang" "$RDMA_ADDR:4420" "$NQN" "$HOST" --stalled 48 --max-ms 3000 --churn-max-ms 10000 --deadline-s 120 > "$work/hang.out" 2>&1 \
+  timeout 900 "$hang" "$RDMA_ADDR:4420" "$NQN" "$HOST" --stalled 48 --max-ms 3000 --churn-max-ms 10000 --deadline-s 300 > "$work/hang.out" 2>&1 \
     || { cat "$work/hang.out"; fail "misbehaving NVMe/RDMA hosts disturbed the good one, or the target kept what they held"; }
   grep -q 'rdma_hangups: PASS' "$work/hang.out" || { cat "$work/hang.out"; fail "rdma_hangups did not say PASS"; }
   kill -0 "$spid" 2>/dev/null || fail "the server died under misbehaving NVMe/RDMA hosts"
