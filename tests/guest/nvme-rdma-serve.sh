@@ -6,9 +6,19 @@
 # one host NQN; `nvme discover -t rdma` lists the subsystem once per transport (RDMA and TCP);
 # `nvme connect -t rdma` gives the namespace with several I/O queues; status and the API count
 # the host under RDMA; fio with crc32c verify (random 4K-256K, two jobs) while a drive is failed
-# with `millrace pool fail`, invisible to the host; disconnect, reconnect, data intact; a host that
-# is not allowed is refused as over TCP. Where the kernel has no soft-RoCE it says so and passes
-# without testing.
+# with `millrace pool fail`, invisible to the host; disconnect, reconnect, data intact; controller
+# resets under fio; hang-ups (#46): `examples/rdma_hangups` plays 48 misbehaving controllers
+# (32 MiB of writes whose data cannot be read, reads whose responses find no receive, queue pairs
+# that never Connect, disconnects with I/O in flight, processes killed with SIGKILL) while a good
+# controller's 4 KiB writes and reads are each answered and verified (within 3 s while the 48
+# hold their transfers, 10 s while queue pairs are set up or torn down: the emulated guest is for
+# correctness, not timing, and its soft-RoCE burns the same CPUs; the slowest round of each
+# phase is printed), and the target
+# closes every stalled queue by its deadlines; then the stock host's fio is killed with SIGKILL
+# and a controller disconnected under load while another fio verifies; every time /metrics goes
+# back to idle (no NVMe/RDMA queue, no buffer in use), abandoned requests and timeouts are
+# counted, and closures are logged at most once a second; a host that is not allowed is refused
+# as over TCP. No soft-RoCE, nvme-rdma or rdma_hangups is a failure, never a pass.
 #   usage (on the host): cargo build --workspace --bins
 #          tests/guest/run-in-guest --timeout 1200 tests/guest/nvme-rdma-serve.sh $PWD/target/debug
 set -euo pipefail
@@ -79,6 +89,35 @@ grep -q "Number of Records 0," "$work/discbad" || { cat "$work/discbad"; fail "d
 grep -q "subnqn" "$work/discbad" && { cat "$work/discbad"; fail "discovery over RDMA lists entries to a host that is not allowed"; }
 step "nvme discover -t rdma: $NQN listed once over rdma and once over tcp; hidden from a stranger"
 
+# The value of metric line $1 (its name and labels as /metrics writes them), or nothing.
+# awk reads to the end: leaving early fails curl's write (status 23), and with it the script.
+metric() { { curl -s "$api/metrics" || true; } | awk -v k="$1" 'index($0, k " ") == 1 && !n++ { print $2 }'; }
+# Waits (up to 30 s) until no NVMe/RDMA queue is open and no pool buffer is in use.
+idle() {
+  local open in_use
+  for _ in $(seq 100); do
+    open=$(metric 'millrace_export_connections{protocol="nvme-rdma"}')
+    in_use=$(metric 'millrace_buffer_pool_bytes{state="in_use"}')
+    [[ $open == 0 && $in_use == 0 ]] && return 0
+    sleep 0.3
+  done
+  fail "$1: $open NVMe/RDMA queues are still open and $in_use buffer bytes in use"
+}
+# The namespace (/dev/nvmeXnY) of the connected subsystem $1, with native multipath or without.
+ns_of() {
+  local s c
+  for _ in $(seq 100); do
+    for s in /sys/class/nvme-subsystem/nvme-subsys* /sys/class/nvme/nvme*; do
+      [[ -e $s/subsysnqn && $(cat "$s/subsysnqn") == "$1" ]] || continue
+      for c in "$s"/nvme*n1; do
+        [[ -b /dev/$(basename "$c") ]] && { echo "/dev/$(basename "$c")"; return 0; }
+      done
+    done
+    sleep 0.2
+  done
+  return 1
+}
+
 connect() {
   nvme connect "${common[@]}" -n "$NQN" -i 2 > "$work/connect.out" 2>&1 \
     || { cat "$work/connect.out"; fail "nvme connect -t rdma"; }
@@ -88,6 +127,69 @@ disconnect() {
   nvme disconnect -n "$NQN" > /dev/null || fail "nvme disconnect"
   for _ in $(seq 50); do [[ -z $(ls /sys/block | grep '^nvme' || true) ]] && break; sleep 0.2; done
 }
+# Hang-ups (#46). Misbehaving hosts of our own (examples/rdma_hangups, a minimal NVMe/RDMA host):
+# 48 controllers hold 32 MiB of writes the target cannot read, 32 MiB of reads whose responses
+# find no receive, queue pairs that never Connect, or disconnect with 32 MiB in flight; 4
+# processes with I/O in flight are killed with SIGKILL. A good controller's 4 KiB writes and
+# reads must each be answered (see the header for the bounds) and read back byte for byte
+# throughout, and the target
+# must close every stalled queue by itself (handshake 10 s, transfer 10 s, reply 30 s). Then the
+# stock host: fio killed with SIGKILL, and a controller disconnected under load, while another
+# controller's fio verifies. After each, /metrics is back to idle.
+hangups() {
+  local hang=$DIR/examples/rdma_hangups t_h secs closes n
+  [[ -x $hang ]] || fail "rdma_hangups is missing under $DIR/examples; build it first (cargo build --workspace --bins --examples)"
+  api=$(sed -n 's/^ *"url": *"\(.*\)",\?$/\1/p' "$MILLRACE_HOME/server.json")
+  [[ -n $api ]] || fail "no API url in $MILLRACE_HOME/server.json"
+  idle "before the hang-ups"
+  t_h=$(date +%s)
+  timeout 900 "$hang" "$RDMA_ADDR:4420" "$NQN" "$HOST" --stalled 48 --max-ms 3000 --churn-max-ms 10000 --deadline-s 300 > "$work/hang.out" 2>&1 \
+    || { cat "$work/hang.out"; fail "misbehaving NVMe/RDMA hosts disturbed the good one, or the target kept what they held"; }
+  grep -q 'rdma_hangups: PASS' "$work/hang.out" || { cat "$work/hang.out"; fail "rdma_hangups did not say PASS"; }
+  kill -0 "$spid" 2>/dev/null || fail "the server died under misbehaving NVMe/RDMA hosts"
+  idle "after the misbehaving hosts left"
+  n=$(metric 'millrace_export_requests_abandoned_total{protocol="nvme-rdma"}')
+  [[ ${n:-0} =~ ^[0-9]+$ && $n -gt 0 ]] || fail "no NVMe/RDMA request abandoned by a host that hung up was counted ('$n')"
+  n=$(metric 'millrace_export_connections_timed_out_total{protocol="nvme-rdma"}')
+  [[ ${n:-0} =~ ^[0-9]+$ && $n -gt 0 ]] || fail "no NVMe/RDMA queue closed for a missed deadline was counted ('$n')"
+  secs=$(( $(date +%s) - t_h + 1 ))
+  closes=$(grep -cE 'NVMe/RDMA queue closed \(|closing an NVMe/RDMA queue whose host' "$work/server.log" || true)
+  (( closes >= 1 && closes <= secs )) || fail "$closes log lines about closed NVMe/RDMA queues in $secs s (at least one, at most one a second)"
+  step "$(grep -E '^rdma_hangups: PASS' "$work/hang.out" | sed 's/^rdma_hangups: //'); $closes closure lines in $secs s; metrics idle"
+
+  # The stock host: a second volume on its own controller takes the abuse.
+  local NQN2=nqn.2026-11.dev.millrace:tank.other ns1 ns2 fa fb fc
+  "$MR" volume create tank/other --size 32M > /dev/null || fail "millrace volume create tank/other"
+  "$MR" export nvme add tank/other --host "$HOST" > /dev/null || fail "millrace export nvme add tank/other"
+  nvme connect "${common[@]}" -n "$NQN" -i 2 > /dev/null 2>&1 || fail "nvme connect -t rdma $NQN"
+  nvme connect "${common[@]}" -n "$NQN2" -i 2 > /dev/null 2>&1 || fail "nvme connect -t rdma $NQN2"
+  ns1=$(ns_of "$NQN") || fail "no namespace for $NQN"
+  ns2=$(ns_of "$NQN2") || fail "no namespace for $NQN2"
+  timeout 600 fio "${fiojob[@]}" --filename="$ns1" --numjobs=1 --do_verify=1 --rate=,1m --output="$work/fio4.out" > /dev/null 2>&1 &
+  fa=$!
+  fpid=$fa
+  load=(--name=load --direct=1 --ioengine=libaio --iodepth=16 --rw=randrw --bs=128k --size=32M --time_based --runtime=120)
+  fio "${load[@]}" --filename="$ns2" --output="$work/fio5.out" > /dev/null 2>&1 &
+  fb=$!
+  sleep 3
+  kill -0 "$fb" 2>/dev/null || { cat "$work/fio5.out"; fail "the load on $NQN2 ended before it could be killed"; }
+  kill -9 "$fb"; wait "$fb" 2>/dev/null || true
+  fio "${load[@]}" --filename="$ns2" --output="$work/fio6.out" > /dev/null 2>&1 &
+  fc=$!
+  sleep 3
+  kill -0 "$fc" 2>/dev/null || { cat "$work/fio6.out"; fail "the load on $NQN2 ended before its controller could be disconnected"; }
+  nvme disconnect -n "$NQN2" > /dev/null || fail "nvme disconnect -n $NQN2 under load"
+  wait "$fc" 2>/dev/null || true
+  kill -0 "$fa" 2>/dev/null || { tail -20 "$work/fio4.out"; fail "the verifying fio ended before the hang-ups were over; they proved nothing"; }
+  wait "$fa" || { tail -20 "$work/fio4.out"; fail "fio verify on $NQN while another controller was killed and disconnected under load"; }
+  fpid=
+  fio_ok "$work/fio4.out" || { tail -20 "$work/fio4.out"; fail "fio verify reported errors while another controller hung up"; }
+  kill -0 "$spid" 2>/dev/null || fail "the server died when a host hung up under load"
+  nvme disconnect -n "$NQN" > /dev/null || fail "nvme disconnect -n $NQN"
+  idle "after the stock host hung up"
+  step "stock host: fio killed with SIGKILL and $NQN2 disconnected under load; fio on $NQN verified; metrics idle"
+}
+
 connect
 [[ $(cat "/sys/class/nvme/$ctrl/transport") == rdma ]] || fail "$ctrl is not an RDMA controller"
 queues=$(cat "/sys/class/nvme/$ctrl/queue_count")
@@ -151,6 +253,8 @@ fio_ok "$work/fio3.out" || { tail -20 "$work/fio3.out"; fail "fio reported error
 kill -0 "$spid" || fail "the server died when the host reset its queues"
 disconnect
 step "two controller resets under fio over RDMA: the host reconnected, verify ok, the server up"
+
+hangups
 
 if nvme connect -t rdma -a "$RDMA_ADDR" -s 4420 -n "$NQN" --hostnqn "$BADHOST" --hostid "$BADHOSTID" > "$work/bad.out" 2>&1; then
   fail "a host that is not allowed connected over RDMA"

@@ -95,6 +95,8 @@ async fn main() {
         in_capsule: 8192,
         max_transfer: 1 << 20,
         max_queues: 64,
+        max_queues_per_address: 64,
+        deadlines: Default::default(),
     };
     let cores = Cores::start(CoresConfig {
         cores: 1,

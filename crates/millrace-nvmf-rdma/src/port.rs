@@ -5,18 +5,26 @@
 //! completion queue is made (its channel in that core's reactor), its receives posted, it is
 //! accepted, and it runs. Its commands' device calls are the `*_async` ones, completing on that
 //! core; its data buffers come from that core's slice of the registered pool.
+//!
+//! Queues are admitted as NVMe/TCP's connections are (`millrace_io::admission`): at most
+//! `max_queues` in all and `max_queues_per_address` from one address, each host's data buffers
+//! within its share of the pool (the session's), so many hosts at once, or one with many
+//! queues, cannot take what the others need. What ends a queue is counted (timeouts, commands
+//! abandoned) and logged at most once a second per kind, with a count of the lines held back,
+//! so hosts that hang up by the hundred cannot flood the log.
 
 use crate::accept::{self, Offer};
 use crate::commands::Commands;
-use crate::queue::{Parts, Queue, Stop};
+use crate::queue::{Deadlines, Ended, Parts, Queue, Stop};
 use crate::regpool::RegisteredPool;
 use crate::sizing::CQE_BYTES;
 use crate::wire::{self, QueueLimits, RejectReason};
+use millrace_io::admission::{AcceptBackoff, Admission, RateLimit};
 use millrace_io::{BufPool, Cores};
 use millrace_rdma::cm::{AcceptParams, CmId, ConnectRequest, Listener};
 use millrace_rdma::verbs::{CompletionQueue, Context, DeviceAttr, ProtectionDomain};
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -35,6 +43,9 @@ pub struct PortConfig {
     pub max_transfer: usize,
     /// Most queues (connections) at once on this port.
     pub max_queues: usize,
+    /// Most queues at once from one IP address (a host opens one per queue).
+    pub max_queues_per_address: usize,
+    pub deadlines: Deadlines,
 }
 
 /// Counters for status pages.
@@ -43,6 +54,14 @@ pub struct PortStats {
     pub queues_open: AtomicUsize,
     pub queues_total: AtomicU64,
     pub refused: AtomicU64,
+    /// Queues closed because the host missed a deadline (Connect, a READ, a response).
+    pub timeouts: AtomicU64,
+    /// Commands in flight when their queue ended: finished on the volume, no response sent.
+    pub abandoned: AtomicU64,
+    /// Refused connect requests are logged at a bounded rate ...
+    pub refusal_log: RateLimit,
+    /// ... and so are queues that end badly (a timeout, a failed transfer).
+    pub close_log: RateLimit,
 }
 
 #[derive(Clone)]
@@ -64,11 +83,28 @@ pub async fn serve<F: QueueFactory>(
     shutdown: CancellationToken,
 ) -> Result<(), millrace_rdma::Error> {
     let mut devices: HashMap<Context, Device> = HashMap::new();
+    let admission: Admission<IpAddr> = Admission::new(cfg.max_queues, cfg.max_queues_per_address);
+    let mut backoff = AcceptBackoff::default();
     loop {
         let req = tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
-            r = listener.accept() => r?,
+            r = listener.accept() => match r {
+                Ok(req) => req,
+                // One request that could not be taken (out of descriptors for its event
+                // channel, say) is refused; the listener goes on after a pause.
+                Err(millrace_rdma::Error::Request(e)) => {
+                    stats.refused.fetch_add(1, Ordering::Relaxed);
+                    let wait = backoff.wait();
+                    if let Some(n) = stats.refusal_log.allow() {
+                        tracing::warn!("cannot take an NVMe/RDMA connect request ({n} more not logged): {e}; retrying in {wait:?}");
+                    }
+                    tokio::time::sleep(wait).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            },
         };
+        backoff.reset();
         let ctx = req.id.context();
         let dev = match devices.get(&ctx) {
             Some(d) => d,
@@ -81,17 +117,21 @@ pub async fn serve<F: QueueFactory>(
                 }
             },
         };
-        if stats.queues_open.load(Ordering::Relaxed) >= cfg.max_queues {
-            refuse(&req.id, RejectReason::NoResources, &stats);
-            continue;
-        }
-        // Counted open from now, so the limit holds while queues start on their cores.
+        // Held from now until the queue ends, so the limits hold while queues start on their
+        // cores.
+        let place = match admission.take(req.id.peer_addr().map(|a| a.ip())) {
+            Ok(p) => p,
+            Err(why) => {
+                refuse_because(&req.id, RejectReason::NoResources, &why.to_string(), &stats);
+                continue;
+            }
+        };
         stats.queues_open.fetch_add(1, Ordering::Relaxed);
         let (dev, factory, stats) = (dev.clone(), factory.clone(), stats.clone());
         cores.spawn(move || async move {
-            match start_queue(req, &dev, &cfg, factory.as_ref(), &stats) {
-                Ok(q) => run_queue(q, &stats).await,
-                Err(r) => tracing::info!("NVMe/RDMA connect refused: {}", r.describe()),
+            let _place = place;
+            if let Ok(q) = start_queue(req, &dev, &cfg, factory.as_ref(), &stats) {
+                run_queue(q, &stats).await;
             }
             stats.queues_open.fetch_sub(1, Ordering::Relaxed);
         });
@@ -102,9 +142,29 @@ pub async fn serve<F: QueueFactory>(
 async fn run_queue<C: Commands>(q: Queue<C>, stats: &PortStats) {
     let peer = q.id().peer_addr();
     stats.queues_total.fetch_add(1, Ordering::Relaxed);
-    match q.run().await {
-        Stop::Closed => tracing::debug!(?peer, "NVMe/RDMA queue closed"),
-        Stop::Fatal(why) => tracing::warn!(?peer, "NVMe/RDMA queue closed: {why}"),
+    let Ended { why, abandoned } = q.run().await;
+    if abandoned > 0 {
+        stats
+            .abandoned
+            .fetch_add(abandoned as u64, Ordering::Relaxed);
+    }
+    match why {
+        Stop::Closed => tracing::debug!(?peer, abandoned, "NVMe/RDMA queue closed"),
+        Stop::Fatal(why) => {
+            if let Some(n) = stats.close_log.allow() {
+                tracing::warn!(
+                    ?peer,
+                    abandoned,
+                    "NVMe/RDMA queue closed ({n} more closures not logged): {why}"
+                );
+            }
+        }
+        Stop::TimedOut(what) => {
+            stats.timeouts.fetch_add(1, Ordering::Relaxed);
+            if let Some(n) = stats.close_log.allow() {
+                tracing::warn!(?peer, abandoned, "closing an NVMe/RDMA queue whose host did not {what} in time ({n} more closures not logged)");
+            }
+        }
     }
 }
 
@@ -117,11 +177,25 @@ fn open_device(ctx: Context, pool: &BufPool) -> Result<Device, millrace_rdma::Er
 }
 
 fn refuse(id: &CmId, r: RejectReason, stats: &PortStats) {
+    refuse_because(id, r, r.describe(), stats)
+}
+
+/// Rejects a connect request with reason `r` (the host's log shows it), counted, and logged
+/// with `why` at most once a second.
+fn refuse_because(id: &CmId, r: RejectReason, why: &str, stats: &PortStats) {
     stats.refused.fetch_add(1, Ordering::Relaxed);
     let peer = id.peer_addr();
-    tracing::info!(?peer, "rejecting an NVMe/RDMA connect: {}", r.describe());
+    let logged = stats.refusal_log.allow();
+    if let Some(n) = logged {
+        tracing::info!(
+            ?peer,
+            "rejecting an NVMe/RDMA connect ({n} more refusals not logged): {why}"
+        );
+    }
     if let Err(e) = id.reject(&wire::reject_data(r)) {
-        tracing::warn!("rdma_reject failed: {e}");
+        if logged.is_some() {
+            tracing::warn!("rdma_reject failed: {e}");
+        }
     }
 }
 
@@ -182,7 +256,14 @@ fn start_queue<F: QueueFactory>(
         recv,
         rsp,
     };
-    let q = match Queue::new(parts, dev.pool.clone(), plan, cmds, cfg.max_transfer) {
+    let q = match Queue::new(
+        parts,
+        dev.pool.clone(),
+        plan,
+        cmds,
+        cfg.max_transfer,
+        cfg.deadlines,
+    ) {
         Ok(q) => q,
         Err(_) => return Err(RejectReason::NoResources),
     };

@@ -9,6 +9,16 @@
 //! data buffer and its response capsule until the response's SEND completes. RDMA READs beyond
 //! what the host allows outstanding wait in line. Everything the device may still touch stays
 //! owned by this struct, whose CM id (and queue pair) is dropped before any buffer.
+//!
+//! A host cannot hold what it was given for ever (docs/SECURITY.md): the queue must be connected
+//! within the handshake timeout, each RDMA READ of a write's data must complete within the
+//! transfer timeout and each response (with its RDMA WRITE) within the reply timeout, or the
+//! queue is closed and everything it held goes back. Without these a host whose queue pair
+//! stops answering keeps its buffers for as long as the ACK timeout it chose in its connect
+//! request allows (hours), and one that stops posting receives keeps them for ever (the host
+//! asks for infinite receiver-not-ready retries). Time is counted in ticks of one second, so
+//! posting work costs no clock read. Commands already running on the volume when the queue
+//! ends finish there (their tasks are detached) and are counted as abandoned.
 
 use crate::commands::{Commands, Exec, Outcome};
 use crate::regpool::RegisteredPool;
@@ -20,6 +30,7 @@ use millrace_rdma::cm::{CmId, EventKind};
 use millrace_rdma::verbs::{Completion, CompletionQueue, MemoryRegion, QueuePair};
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::task::JoinSet;
 
 /// Largest Connect data fetched before the queue is connected (Connect's data is 1024 bytes).
@@ -32,6 +43,74 @@ pub enum Stop {
     Closed,
     /// The host broke the transport's rules, or the device failed: logged, then closed.
     Fatal(String),
+    /// The host did not do this in time (connect, let its write data be read, take a response):
+    /// counted, logged at a bounded rate, then closed.
+    TimedOut(&'static str),
+}
+
+/// How a queue ended, and how many of its commands were still in flight then.
+#[derive(Debug)]
+pub struct Ended {
+    pub why: Stop,
+    pub abandoned: usize,
+}
+
+/// How long a host may take, from the moment the queue waits on it.
+#[derive(Clone, Copy, Debug)]
+pub struct Deadlines {
+    /// From accept to a successful Connect.
+    pub handshake: Duration,
+    /// An RDMA READ of a write's data, from its post to its completion.
+    pub transfer: Duration,
+    /// A response SEND (after its RDMA WRITE of read data), from its post to its completion.
+    pub reply: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            handshake: Duration::from_secs(10),
+            transfer: Duration::from_secs(10),
+            reply: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Whole ticks a deadline spans (at least one, so a tick that comes just after a post never
+/// cuts it short).
+pub(crate) fn ticks(d: Duration) -> u32 {
+    (d.as_millis().div_ceil(TICK.as_millis())).clamp(1, u32::MAX as u128) as u32
+}
+
+/// The queue's clock: work is stamped with the tick it was posted in.
+pub(crate) const TICK: Duration = Duration::from_secs(1);
+
+/// Work of a slot the host must finish, with the tick it was posted in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Posted {
+    Read(u32),
+    Reply(u32),
+}
+
+/// Which posted work, if any, has waited longer than its limit at tick `now`.
+pub(crate) fn overdue(
+    posted: impl Iterator<Item = Posted>,
+    now: u32,
+    read_ticks: u32,
+    reply_ticks: u32,
+) -> Option<&'static str> {
+    for p in posted {
+        match p {
+            Posted::Read(t) if now.wrapping_sub(t) > read_ticks => {
+                return Some("let its write data be read")
+            }
+            Posted::Reply(t) if now.wrapping_sub(t) > reply_ticks => {
+                return Some("take a response")
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 pub(crate) struct Slot<P> {
@@ -46,6 +125,8 @@ pub(crate) struct Slot<P> {
     /// A Connect whose data is being fetched before the queue is connected.
     pub connect_fetch: bool,
     pub parked: bool,
+    /// The RDMA READ or response SEND posted for this slot and not yet completed.
+    pub posted: Option<Posted>,
 }
 
 impl<P> Slot<P> {
@@ -60,6 +141,7 @@ impl<P> Slot<P> {
             invalidate: None,
             connect_fetch: false,
             parked: false,
+            posted: None,
         }
     }
 }
@@ -90,7 +172,10 @@ pub struct Queue<C: Commands> {
     pub(crate) rsp: MemoryRegion,
     pub(crate) slots: Vec<Slot<C::Plan>>,
     pub(crate) free: Vec<u32>,
+    /// Commands running on the volume: detached when the queue ends, so they finish there.
     pub(crate) tasks: JoinSet<Done>,
+    /// Waits for a share of the pool or a buffer: dropped when the queue ends.
+    pub(crate) waits: JoinSet<Done>,
     pub(crate) pool: Arc<RegisteredPool>,
     pub(crate) plan: QueuePlan,
     pub(crate) cmds: C,
@@ -100,6 +185,9 @@ pub struct Queue<C: Commands> {
     pub(crate) max_transfer: usize,
     /// Close once this slot's response is sent (after Disconnect).
     pub(crate) close_after: Option<u32>,
+    pub(crate) deadlines: Deadlines,
+    /// Ticks since the queue started.
+    pub(crate) tick: u32,
 }
 
 enum Wake {
@@ -108,6 +196,7 @@ enum Wake {
     Cm(EventKind),
     Parked(Cqe),
     Closing,
+    Tick,
 }
 
 impl<C: Commands> Queue<C> {
@@ -118,6 +207,7 @@ impl<C: Commands> Queue<C> {
         plan: QueuePlan,
         cmds: C,
         max_transfer: usize,
+        deadlines: Deadlines,
     ) -> Result<Queue<C>, Stop> {
         let n = plan.cmd_slots as usize;
         let mut q = Queue {
@@ -129,6 +219,7 @@ impl<C: Commands> Queue<C> {
             slots: (0..n).map(|_| Slot::new()).collect(),
             free: (0..n as u32).rev().collect(),
             tasks: JoinSet::new(),
+            waits: JoinSet::new(),
             pool,
             plan,
             cmds,
@@ -137,6 +228,8 @@ impl<C: Commands> Queue<C> {
             sqhd: 0,
             max_transfer,
             close_after: None,
+            deadlines,
+            tick: 0,
         };
         for r in 0..q.plan.recv_slots {
             q.repost(r)?;
@@ -148,10 +241,13 @@ impl<C: Commands> Queue<C> {
         &self.id
     }
 
-    /// Serves the queue until the host disconnects, the target closes it, or it fails.
-    pub async fn run(mut self) -> Stop {
+    /// Serves the queue until the host disconnects, the target closes it, it fails, or the host
+    /// misses a deadline.
+    pub async fn run(mut self) -> Ended {
         let closing = self.cmds.closing();
         let mut parked = self.cmds.parked();
+        let mut clock = tokio::time::interval_at(tokio::time::Instant::now() + TICK, TICK);
+        clock.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut wcs = [Completion {
             wr_id: 0,
             status: 0,
@@ -182,6 +278,11 @@ impl<C: Commands> Queue<C> {
                     Ok(d) => Wake::Task(d),
                     Err(e) => return self.stop(Stop::Fatal(format!("a command's task failed: {e}"))),
                 },
+                Some(j) = self.waits.join_next() => match j {
+                    Ok(d) => Wake::Task(d),
+                    Err(e) => return self.stop(Stop::Fatal(format!("a wait for a buffer failed: {e}"))),
+                },
+                _ = clock.tick() => Wake::Tick,
                 ev = self.id.next_event() => match ev {
                     Ok(ev) => Wake::Cm(ev.kind),
                     Err(e) => return self.stop(Stop::Fatal(e.to_string())),
@@ -196,6 +297,7 @@ impl<C: Commands> Queue<C> {
                 Wake::Cm(_) => Err(Stop::Closed),
                 Wake::Parked(cqe) => self.on_parked(cqe),
                 Wake::Closing => Err(Stop::Closed),
+                Wake::Tick => self.on_tick(),
             };
             if let Err(s) = r {
                 return self.stop(s);
@@ -203,9 +305,52 @@ impl<C: Commands> Queue<C> {
         }
     }
 
-    fn stop(self, s: Stop) -> Stop {
+    /// Ends the queue: the host is told, the commands on the volume finish there, and what
+    /// the device may touch goes when `self` does (the queue pair first).
+    fn stop(self, why: Stop) -> Ended {
         let _ = self.id.disconnect();
-        s
+        let abandoned = (self.slots.iter()).filter(|s| s.busy && !s.parked).count();
+        let Queue {
+            id,
+            qp,
+            cq,
+            recv,
+            rsp,
+            slots,
+            mut tasks,
+            waits,
+            ..
+        } = self;
+        tasks.detach_all();
+        drop(waits);
+        // Destroying a queue pair waits for the device to flush its work (in soft-RoCE, seconds
+        // for one stuck in receiver-not-ready retries), which on this core would stall every
+        // other queue it serves: it happens on a blocking thread. The slots' buffers, which the
+        // device may write until then, go back on this core afterwards.
+        tokio::spawn(async move {
+            let device = tokio::task::spawn_blocking(move || drop((id, qp, cq, recv, rsp))).await;
+            match device {
+                Ok(()) => drop(slots),
+                // The queue pair may be alive: its buffers are never handed out again.
+                Err(_) => std::mem::forget(slots),
+            }
+        });
+        Ended { why, abandoned }
+    }
+
+    /// One more second: a queue not yet connected past the handshake deadline, or work the
+    /// host has not finished within its deadline, ends the queue.
+    fn on_tick(&mut self) -> Result<(), Stop> {
+        self.tick = self.tick.wrapping_add(1);
+        let d = self.deadlines;
+        if !self.cmds.is_connected() && self.tick >= ticks(d.handshake) {
+            return Err(Stop::TimedOut("connect"));
+        }
+        let posted = self.slots.iter().filter_map(|s| s.posted);
+        match overdue(posted, self.tick, ticks(d.transfer), ticks(d.reply)) {
+            Some(what) => Err(Stop::TimedOut(what)),
+            None => Ok(()),
+        }
     }
 
     fn on_completion(&mut self, wc: &Completion) -> Result<(), Stop> {
@@ -224,6 +369,7 @@ impl<C: Commands> Queue<C> {
         match w {
             Work::Recv(r) if r < self.plan.recv_slots => self.on_capsule(r, wc.byte_len as usize),
             Work::Read(c) if (c as usize) < self.slots.len() => {
+                self.slots[c as usize].posted = None;
                 self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
                 self.next_read()?;
                 self.after_fetch(c)
@@ -242,6 +388,7 @@ impl<C: Commands> Queue<C> {
         s.data = None;
         s.held = None;
         s.plan = None;
+        s.posted = None;
         self.free.push(c);
         if self.close_after == Some(c) {
             return Err(Stop::Closed);
@@ -385,9 +532,64 @@ impl<C: Commands> Queue<C> {
         match self.cmds.execute(&sqe, p, data) {
             Exec::Now(o) => self.respond(c, o),
             Exec::Later(f) => {
-                self.tasks.spawn(async move { Done::Outcome(c, f.await) });
+                // The host's share of a write's buffer goes back with the buffer, when the
+                // command is done with it (also when the queue ended meanwhile).
+                let held = self.slots[c as usize].held.take();
+                self.tasks.spawn(async move {
+                    let o = f.await;
+                    drop(held);
+                    Done::Outcome(c, o)
+                });
                 Ok(())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_are_whole_ticks_never_zero() {
+        assert_eq!(ticks(Duration::from_secs(10)), 10);
+        assert_eq!(ticks(Duration::from_millis(1500)), 2);
+        assert_eq!(ticks(Duration::ZERO), 1);
+        assert_eq!(ticks(Duration::MAX), u32::MAX);
+    }
+
+    #[test]
+    fn work_is_overdue_only_past_its_own_limit() {
+        let read = [Posted::Read(5)];
+        assert_eq!(
+            overdue(read.into_iter(), 15, 10, 30),
+            None,
+            "10 ticks is in time"
+        );
+        assert_eq!(
+            overdue(read.into_iter(), 16, 10, 30),
+            Some("let its write data be read")
+        );
+        let reply = [Posted::Reply(5), Posted::Read(10)];
+        assert_eq!(
+            overdue(reply.into_iter(), 16, 10, 30),
+            None,
+            "replies get longer"
+        );
+        assert_eq!(
+            overdue(reply.into_iter(), 21, 10, 30),
+            Some("let its write data be read"),
+            "the READ is late while the reply posted before it is not"
+        );
+        assert_eq!(
+            overdue([Posted::Reply(5)].into_iter(), 36, 10, 30),
+            Some("take a response")
+        );
+        // The tick counter wraps after 136 years; the arithmetic must not panic when it does.
+        assert_eq!(
+            overdue([Posted::Read(u32::MAX)].into_iter(), 3, 10, 30),
+            None
+        );
+        assert_eq!(overdue(std::iter::empty(), 1000, 10, 30), None);
     }
 }

@@ -3,7 +3,7 @@
 //! response capsule, after an RDMA WRITE of read data where there is some, as one chain.
 
 use crate::commands::{Commands, Outcome};
-use crate::queue::{Done, Queue, Stop};
+use crate::queue::{Done, Posted, Queue, Stop};
 use crate::sizing::{Work, CQE_BYTES};
 use millrace_nvmf::cmd::{Cqe, Status, Transfer, CONNECT_DATA_LEN};
 use millrace_rdma::verbs::{Opcode, SendOp};
@@ -27,7 +27,7 @@ impl<C: Commands> Queue<C> {
             }
         }
         let pool = self.pool.clone();
-        self.tasks.spawn(async move {
+        self.waits.spawn(async move {
             let held = match (held, share) {
                 (Some(h), _) => Some(h),
                 (None, Some(s)) => Some(s.take(len).await),
@@ -70,6 +70,7 @@ impl<C: Commands> Queue<C> {
         // SAFETY: the buffer stays in slot c, untouched, until this READ's completion.
         unsafe { self.qp.post_send(&[op]) }.map_err(|e| Stop::Fatal(e.to_string()))?;
         self.reads_in_flight += 1;
+        self.slots[c as usize].posted = Some(Posted::Read(self.tick));
         Ok(())
     }
 
@@ -153,13 +154,17 @@ impl<C: Commands> Queue<C> {
         let send = self.response_op(c, cqe)?;
         // SAFETY: the data buffer and the response capsule stay in slot c until the SEND's
         // completion, which comes after the WRITE's.
-        unsafe { self.qp.post_send(&[write, send]) }.map_err(|e| Stop::Fatal(e.to_string()))
+        unsafe { self.qp.post_send(&[write, send]) }.map_err(|e| Stop::Fatal(e.to_string()))?;
+        self.slots[c as usize].posted = Some(Posted::Reply(self.tick));
+        Ok(())
     }
 
     pub(crate) fn send_cqe(&mut self, c: u32, cqe: Cqe) -> Result<(), Stop> {
         let send = self.response_op(c, cqe)?;
         // SAFETY: the response capsule stays in slot c until the SEND's completion.
-        unsafe { self.qp.post_send(&[send]) }.map_err(|e| Stop::Fatal(e.to_string()))
+        unsafe { self.qp.post_send(&[send]) }.map_err(|e| Stop::Fatal(e.to_string()))?;
+        self.slots[c as usize].posted = Some(Posted::Reply(self.tick));
+        Ok(())
     }
 
     /// Writes `cqe` into slot `c`'s response capsule and describes its SEND (with invalidate

@@ -5,6 +5,7 @@
 //! discovery log while it serves.
 
 use crate::port::{self, PortConfig, PortStats, QueueFactory};
+use crate::queue::Deadlines;
 use crate::session::SessionCommands;
 use crate::wire::QueueLimits;
 use millrace_io::{BufPool, Cores, CoresConfig, PoolConfig};
@@ -54,6 +55,15 @@ impl RdmaListener {
             s.queues_open.load(Ordering::Relaxed),
             s.queues_total.load(Ordering::Relaxed),
             s.refused.load(Ordering::Relaxed),
+        )
+    }
+    /// Queues closed because their host missed a deadline, and commands in flight when their
+    /// queue ended (the host hung up, reset, failed or timed out).
+    pub fn hangups(&self) -> (u64, u64) {
+        let s = &self.stats;
+        (
+            s.timeouts.load(Ordering::Relaxed),
+            s.abandoned.load(Ordering::Relaxed),
         )
     }
 }
@@ -131,6 +141,14 @@ pub fn listen_with_pool(
         in_capsule: cfg.in_capsule_bytes as usize,
         max_transfer,
         max_queues: cfg.max_connections,
+        max_queues_per_address: cfg.max_connections_per_address,
+        // The same limits as NVMe/TCP's: a READ of write data is the PDU that must arrive
+        // whole, a response SEND the reply the host must take.
+        deadlines: Deadlines {
+            handshake: cfg.handshake_timeout,
+            transfer: cfg.pdu_timeout,
+            reply: cfg.reply_timeout,
+        },
     };
     let transport = TransportInfo {
         kind: Transport::Rdma,

@@ -229,7 +229,9 @@ impl Listener {
     }
 
     /// The next connect request. Other events on the listening id are logged and skipped;
-    /// a removed device ends the listener with an error.
+    /// a removed device ends the listener with an error. A request that cannot be taken (no
+    /// descriptor left for its channel, say) is rejected and reported as [`Error::Request`],
+    /// after which the listener may go on.
     pub async fn accept(&self) -> Result<ConnectRequest> {
         loop {
             let ev = self.chan.next().await?;
@@ -282,16 +284,34 @@ pub struct ConnectRequest {
 impl ConnectRequest {
     fn new(ev: CmEvent) -> Result<ConnectRequest> {
         // The request's id is new and ours; it moves to a channel of its own.
-        let chan = Channel::new()?;
-        let id = CmId {
-            id: ev.id,
-            chan: chan.clone(),
-            has_qp: false,
+        let chan = match Channel::new() {
+            Ok(c) => c,
+            Err(e) => {
+                // SAFETY: the id is live and ours, its only event acknowledged; it is not
+                // used again (destroying it also frees what the kernel holds for it).
+                unsafe {
+                    sys::rdma_reject(ev.id, std::ptr::null(), 0);
+                    sys::rdma_destroy_id(ev.id);
+                }
+                return Err(Error::Request(Box::new(e)));
+            }
         };
         // SAFETY: the id is live, its only event so far was acknowledged.
         if unsafe { sys::rdma_migrate_id(ev.id, chan.ch) } != 0 {
-            return Err(Error::last("rdma_migrate_id"));
+            let e = Error::last("rdma_migrate_id");
+            // SAFETY: as above; the id stays on the listener's channel, whose events are all
+            // acknowledged.
+            unsafe {
+                sys::rdma_reject(ev.id, std::ptr::null(), 0);
+                sys::rdma_destroy_id(ev.id);
+            }
+            return Err(Error::Request(Box::new(e)));
         }
+        let id = CmId {
+            id: ev.id,
+            chan,
+            has_qp: false,
+        };
         Ok(ConnectRequest {
             id,
             private_data: ev.private_data,
@@ -307,6 +327,22 @@ pub struct AcceptParams<'a> {
     pub private_data: &'a [u8],
     pub initiator_depth: u8,
     pub responder_resources: u8,
+}
+
+/// What an outgoing connect asks of the target (the initiator's side, used by tests and tools
+/// that play an NVMe/RDMA host).
+#[derive(Clone, Debug, Default)]
+pub struct ConnectParams<'a> {
+    pub private_data: &'a [u8],
+    /// RDMA READs we issue to the target at once.
+    pub initiator_depth: u8,
+    /// RDMA READs the target may issue to us at once.
+    pub responder_resources: u8,
+    /// Transport retries of the target's requests and of ours (0 to 7).
+    pub retry_count: u8,
+    /// Receiver-not-ready retries the target makes for its SENDs to us (7: for ever, as the
+    /// Linux host asks).
+    pub rnr_retry_count: u8,
 }
 
 /// One connection's CM id: owns its event channel and, once created, its queue pair.
@@ -415,6 +451,93 @@ impl CmId {
     /// The next event of this connection.
     pub async fn next_event(&self) -> Result<CmEvent> {
         self.chan.next().await
+    }
+
+    /// A new id for a connection to `dst`, its address and route resolved within `timeout_ms`
+    /// each (its device is then known: create its queue pair, then [`CmId::connect`]).
+    pub async fn resolve(dst: SocketAddr, timeout_ms: i32) -> Result<CmId> {
+        use sys::rdma_cm_event_type::{RDMA_CM_EVENT_ADDR_RESOLVED, RDMA_CM_EVENT_ROUTE_RESOLVED};
+        let chan = Channel::new()?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: chan is live; raw receives a new cm id that we own from here on.
+        let rc = unsafe {
+            sys::rdma_create_id(
+                chan.ch,
+                &mut raw,
+                std::ptr::null_mut(),
+                sys::rdma_port_space::RDMA_PS_TCP,
+            )
+        };
+        if rc != 0 {
+            return Err(Error::code("rdma_create_id", rc));
+        }
+        let id = CmId {
+            id: raw,
+            chan,
+            has_qp: false,
+        };
+        let mut to = RawAddr::new(&dst);
+        // SAFETY: the id is ours; the address outlives the call.
+        let rc = unsafe {
+            sys::rdma_resolve_addr(id.id, std::ptr::null_mut(), to.as_mut_ptr(), timeout_ms)
+        };
+        if rc != 0 {
+            return Err(Error::last("rdma_resolve_addr"));
+        }
+        id.expect(RDMA_CM_EVENT_ADDR_RESOLVED, "resolving the address")
+            .await?;
+        // SAFETY: the id is ours and its address resolved.
+        if unsafe { sys::rdma_resolve_route(id.id, timeout_ms) } != 0 {
+            return Err(Error::last("rdma_resolve_route"));
+        }
+        id.expect(RDMA_CM_EVENT_ROUTE_RESOLVED, "resolving the route")
+            .await?;
+        Ok(id)
+    }
+
+    async fn expect(&self, want: u32, what: &str) -> Result<CmEvent> {
+        let ev = self.next_event().await?;
+        match ev.kind {
+            EventKind::Other(t) if t == want => Ok(ev),
+            k => Err(Error::Invalid(format!(
+                "{what} ended with CM event {k:?} (status {})",
+                ev.status
+            ))),
+        }
+    }
+
+    /// Connects a resolved id whose queue pair exists; the target's accept private data, or
+    /// an error that carries the reject's status.
+    pub async fn connect(&self, p: &ConnectParams<'_>) -> Result<Vec<u8>> {
+        if p.private_data.len() > MAX_PRIVATE_DATA {
+            return Err(Error::Invalid(format!(
+                "{} bytes of private data exceed the {MAX_PRIVATE_DATA} a connect carries",
+                p.private_data.len()
+            )));
+        }
+        // SAFETY: zeroed connection parameters are valid; private data outlives the call.
+        let mut cp: sys::rdma_conn_param = unsafe { std::mem::zeroed() };
+        cp.private_data = p.private_data.as_ptr() as *const _;
+        cp.private_data_len = p.private_data.len() as u8;
+        cp.initiator_depth = p.initiator_depth;
+        cp.responder_resources = p.responder_resources;
+        cp.flow_control = 1;
+        cp.retry_count = p.retry_count.min(7);
+        cp.rnr_retry_count = p.rnr_retry_count.min(7);
+        // SAFETY: the id is live and resolved.
+        let rc = unsafe { sys::rdma_connect(self.id, &mut cp) };
+        if rc != 0 {
+            return Err(Error::code("rdma_connect", rc));
+        }
+        let ev = self.next_event().await?;
+        match ev.kind {
+            EventKind::Established => Ok(ev.private_data),
+            k => Err(Error::Invalid(format!(
+                "the connection was not established: CM event {k:?}, status {}, private data {:02x?}",
+                ev.status,
+                &ev.private_data[..ev.private_data.len().min(4)]
+            ))),
+        }
     }
 }
 

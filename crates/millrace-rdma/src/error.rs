@@ -25,6 +25,9 @@ pub enum Error {
     /// A request the device cannot satisfy (sizes beyond its limits and the like).
     #[error("{0}")]
     Invalid(String),
+    /// One connect request could not be taken (it was rejected); the listener itself is fine.
+    #[error("a connect request was rejected because {0}")]
+    Request(Box<Error>),
 }
 
 impl Error {

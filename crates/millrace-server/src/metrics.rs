@@ -281,7 +281,26 @@ fn register_exports(reg: &mut Registry, state: &State) {
     );
     let n = state.nvmf.stats();
     let b = state.nbd.stats();
-    for (protocol, k) in [("nvme-tcp", n.abandoned), ("nbd", b.abandoned)] {
+    let (rdma_timeouts, rdma_abandoned) = (state.nvme_rdma.lock().iter())
+        .map(|l| l.hangups())
+        .fold((0, 0), |(t, a), (lt, la)| (t + lt, a + la));
+    let timeouts: Family<ProtoL, Counter> = family(
+        reg,
+        "millrace_export_connections_timed_out",
+        "Client connections closed because the client did not finish a handshake, a transfer or take a reply in time",
+    );
+    for (protocol, k) in [("nvme-tcp", n.timeouts), ("nvme-rdma", rdma_timeouts)] {
+        let l = ProtoL {
+            protocol: protocol.into(),
+        };
+        timeouts.get_or_create(&l).inc_by(k);
+    }
+    let transports = [
+        ("nvme-tcp", n.abandoned),
+        ("nvme-rdma", rdma_abandoned),
+        ("nbd", b.abandoned),
+    ];
+    for (protocol, k) in transports {
         let l = ProtoL {
             protocol: protocol.into(),
         };

@@ -237,6 +237,22 @@ impl QueuePair {
         unsafe { (*self.0).qp_num }
     }
 
+    /// Moves the queue pair to the error state: its posted work is flushed, and from then on it
+    /// answers nothing the peer sends, as a host whose queue pair failed (tests use it to play
+    /// such a host).
+    pub fn to_error(&self) -> Result<()> {
+        // SAFETY: zeroed attributes are valid; only the state is applied (the mask).
+        let mut attr: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = sys::ibv_qp_state::IBV_QPS_ERR;
+        let mask = sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32;
+        // SAFETY: the QP is live; attr outlives the call.
+        let rc = unsafe { sys::ibv_modify_qp(self.0, &mut attr, mask) };
+        if rc != 0 {
+            return Err(Error::code("ibv_modify_qp", rc));
+        }
+        Ok(())
+    }
+
     /// Posts one receive into `sge`.
     ///
     /// # Safety
