@@ -20,11 +20,15 @@ cleanup() {
   nvme disconnect-all >/dev/null 2>&1 || true
   [[ -n ${spid:-} ]] && kill "$spid" 2>/dev/null || true
   cp "$work/server.log" "$OUT/server.log" 2>/dev/null || true
+  cp -r "$work/results" "$OUT/results" 2>/dev/null || true
 }
 trap cleanup EXIT
-modprobe -a nvme-tcp loop || { echo "blktests-guest: cannot load nvme-tcp and loop"; exit 1; }
+modprobe -a nvme-tcp loop configfs || { echo "blktests-guest: cannot load nvme-tcp, loop and configfs"; exit 1; }
+# blktests requires configfs for a TCP run even with an external target (it checks for the
+# kernel target's tree); the guest's init does not mount it.
+mountpoint -q /sys/kernel/config || mount -t configfs configfs /sys/kernel/config \
+  || { echo "blktests-guest: cannot mount configfs at /sys/kernel/config"; exit 1; }
 
-# blktests makes its hosts' NQN files itself only for the kernel target; the hook names the host.
 "$MR" serve --nvme 127.0.0.1:4420 > "$work/server.log" 2>&1 &
 spid=$!
 for _ in $(seq 150); do
@@ -46,7 +50,9 @@ NVME_NUM_ITER=10
 CFG
 cd "$BT"   # blktests runs from its own folder (the overlay makes it writable here)
 rc=0
-./check -c "$work/config" -o "$OUT/results" "${tests[@]}" 2>&1 | tee "$OUT/check.log" || rc=$?
+# The results stay on the guest's tmpfs while the tests run: blktests makes its scratch images
+# and loop devices under them, which the 9p share would make slow.
+./check -c "$work/config" -o "$work/results" "${tests[@]}" 2>&1 | tee "$OUT/check.log" || rc=$?
 "$here/blktests-millrace-control" teardown || true
 # check's own status is not 0 when a test fails; the caller reads the table in check.log.
 exit "$rc"
