@@ -54,5 +54,10 @@ rc=0
 # and loop devices under them, which the 9p share would make slow.
 ./check -c "$work/config" -o "$work/results" "${tests[@]}" 2>&1 | tee "$OUT/check.log" || rc=$?
 "$here/blktests-millrace-control" teardown || true
+# What a failed test printed (its .full), here in the log, not only in the results folder.
+for bad in "$work"/results/*/*/*.out.bad; do
+  [[ -e $bad ]] || continue
+  echo "--- ${bad%.out.bad}.full (tail) ---"; tail -40 "${bad%.out.bad}.full" 2>/dev/null || true
+done
 # check's own status is not 0 when a test fails; the caller reads the table in check.log.
 exit "$rc"
