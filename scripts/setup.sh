@@ -23,6 +23,7 @@ APT_PKGS=(
   ibverbs-utils rdmacm-utils perftest   # ibv_devices, rping, ib_*_bw: the soft-RoCE checks and peers
   iproute2        # ip and rdma: the veth pair and the soft-RoCE link in the RDMA guest tests
   e2fsprogs util-linux   # the CSI driver's tests (csi/): mkfs.ext4, dumpe2fs and blkid
+  gawk            # blktests' check (tests/conformance/run-blktests.sh)
 )
 missing=()
 for p in "${APT_PKGS[@]}"; do
