@@ -459,6 +459,9 @@ impl millrace_service::QueueCounts for RdmaQueues {
     fn queues(&self) -> (usize, u64, u64) {
         self.0.queues()
     }
+    fn hangups(&self) -> (u64, u64) {
+        self.0.hangups()
+    }
 }
 
 /// Starts the NVMe/RDMA listeners. One that cannot start (no RDMA device, no rdma-core, an

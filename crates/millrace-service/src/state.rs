@@ -22,6 +22,9 @@ use crate::props::{self, NvmeExportConfig, NVME_PROP};
 pub trait QueueCounts: Send {
     /// Queues open now, opened in all, refused in all.
     fn queues(&self) -> (usize, u64, u64);
+    /// Queues closed because their host missed a deadline, and commands in flight when their
+    /// queue ended.
+    fn hangups(&self) -> (u64, u64);
 }
 
 pub struct PoolEntry {
