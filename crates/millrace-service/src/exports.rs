@@ -316,15 +316,7 @@ impl State {
         // Read, change and record as one step: two hosts added at once must both stay.
         let _one_at_a_time = HOST_CHANGES.lock().unwrap_or_else(|e| e.into_inner());
         let (e, v) = self.volume(pool, vol)?;
-        let old: NvmeExportConfig = v
-            .props
-            .get(NVME_PROP)
-            .and_then(|c| serde_json::from_str(c).ok())
-            .ok_or_else(|| {
-                ApiError::not_found(format!(
-                    "volume {pool}/{vol} is not exported over NVMe/TCP; export it first (`millrace export nvme add {pool}/{vol} --host NQN`)"
-                ))
-            })?;
+        let old = nvme_config(&v, pool, vol, EXPORT_FIRST)?;
         let mut c = old.clone();
         change(&mut c.hosts);
         if c == old {
@@ -359,13 +351,7 @@ impl State {
         r: &AnaRequest,
     ) -> Result<NvmeExportView, ApiError> {
         let (_, v) = self.volume(pool, vol)?;
-        let c: NvmeExportConfig = (v.props.get(NVME_PROP))
-            .and_then(|c| serde_json::from_str(c).ok())
-            .ok_or_else(|| {
-                ApiError::not_found(format!(
-                    "volume {pool}/{vol} is not exported over NVMe/TCP; export it first (`millrace export nvme add {pool}/{vol} --host NQN`)"
-                ))
-            })?;
+        let c = nvme_config(&v, pool, vol, EXPORT_FIRST)?;
         let state: millrace_nvmf::AnaState = r.state.parse().map_err(ApiError::bad_request)?;
         let transport = match r.transport.as_deref().unwrap_or("tcp") {
             "tcp" => millrace_nvmf::Transport::Tcp,
@@ -412,13 +398,7 @@ impl State {
         vol: &str,
     ) -> Result<NvmeExportView, ApiError> {
         let (_, v) = self.volume(pool, vol)?;
-        let c: NvmeExportConfig = (v.props.get(NVME_PROP))
-            .and_then(|c| serde_json::from_str(c).ok())
-            .ok_or_else(|| {
-                ApiError::not_found(format!(
-                    "volume {pool}/{vol} is not exported over NVMe/TCP, so it has no reservation to clear"
-                ))
-            })?;
+        let c = nvme_config(&v, pool, vol, ", so it has no reservation to clear")?;
         if !self.serving {
             return Err(ApiError::conflict(
                 "NVMe reservations are held by the running server; start `millrace serve` first"
@@ -574,13 +554,7 @@ impl State {
         check_nqn("the host NQN", host)?;
         let keys = crate::nvme_auth::parse_keys(secret, ctrl)?;
         let (_, v) = self.volume(pool, vol)?;
-        let c: NvmeExportConfig = (v.props.get(NVME_PROP))
-            .and_then(|c| serde_json::from_str(c).ok())
-            .ok_or_else(|| {
-                ApiError::not_found(format!(
-                    "volume {pool}/{vol} is not exported over NVMe/TCP; export it first (`millrace export nvme add {pool}/{vol} --host NQN`)"
-                ))
-            })?;
+        let c = nvme_config(&v, pool, vol, EXPORT_FIRST)?;
         let live = self.serving && self.nvmf.subsystems().iter().any(|s| s.nqn == c.nqn);
         let old = crate::nvme_auth::keys_of(&self.home, pool, vol)?
             .into_iter()
@@ -605,6 +579,27 @@ impl State {
 }
 
 /// An NVMe export as the API shows it: its settings, and when live its connections and paths.
+/// What a refusal says after "volume P/V is not exported over NVMe/TCP" when the request needs
+/// an export (`{pool}` and `{vol}` stand for the volume).
+const EXPORT_FIRST: &str = "; export it first (`millrace export nvme add {pool}/{vol} --host NQN`)";
+
+/// The volume's NVMe/TCP export, or a refusal saying it has none, followed by `then`.
+fn nvme_config(
+    v: &VolumeInfo,
+    pool: &str,
+    vol: &str,
+    then: &str,
+) -> Result<NvmeExportConfig, ApiError> {
+    (v.props.get(NVME_PROP))
+        .and_then(|c| serde_json::from_str(c).ok())
+        .ok_or_else(|| {
+            let then = then.replace("{pool}", pool).replace("{vol}", vol);
+            ApiError::not_found(format!(
+                "volume {pool}/{vol} is not exported over NVMe/TCP{then}"
+            ))
+        })
+}
+
 pub(crate) fn nvme_view(
     state: &State,
     pool: &str,
