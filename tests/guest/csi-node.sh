@@ -55,7 +55,11 @@ url=$(sed -n 's/.*"url": *"\([^"]*\)".*/\1/p' "$MILLRACE_HOME/server.json")
 step "millrace serve at $url, pool tank (raid5 on ${drives[*]})"
 
 sock=$work/csi.sock
-"$DIR/millrace-csi" --endpoint "unix://$sock" --mode all --node-id "$NODE" --server "$url" > "$work/csi.log" 2>&1 &
+# The guest is emulated (TCG) and shares two host cores with the host's suites: the first
+# volume in fresh space deallocates all of it through RAID5, which can take longer than the
+# driver's default 10 s per call there.
+"$DIR/millrace-csi" --endpoint "unix://$sock" --mode all --node-id "$NODE" --server "$url" \
+  --api-timeout 60s > "$work/csi.log" 2>&1 &
 cpid=$!
 for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.2; done
 [[ -S $sock ]] || fail "the driver did not start"

@@ -201,6 +201,20 @@ impl AllocMap {
         out
     }
 
+    /// The runs of `[off, off + len)` that may hold data, as (pool offset, bytes): only they
+    /// need deallocating, since a clear granule already reads as zeroes on the drives.
+    pub fn data_runs(&self, off: u64, len: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut at = off;
+        for r in self.runs(off, len) {
+            if !r.zero {
+                out.push((at, r.len));
+            }
+            at += r.len;
+        }
+        out
+    }
+
     /// Bytes of `[off, off + len)` that may hold data.
     pub fn data_bytes(&self, off: u64, len: u64) -> u64 {
         (self.runs(off, len).iter())

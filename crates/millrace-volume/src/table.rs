@@ -52,6 +52,11 @@ struct Table {
     /// their first volume change adds one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     alloc_map: Option<MapArea>,
+    /// The map's bits are right outside volumes too, so a new volume's extent deallocates only
+    /// its granules that may hold data. Maps made before this field began with the free space
+    /// clear whatever the drives held there; `track_gaps` marks it as data once.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    gaps_tracked: bool,
 }
 
 struct Inner {
@@ -331,6 +336,7 @@ impl Volumes {
             return refuse(format!("a volume named {name} already exists in this pool; pick another name or delete it first"));
         }
         self.ensure_map(&mut g)?;
+        self.track_gaps(&mut g)?;
         let Some(offset) =
             checked_round_up(size, self.align).and_then(|rounded| self.find_gap(&g.table, rounded))
         else {
@@ -418,6 +424,7 @@ impl Volumes {
                 human(limit - cur.offset_bytes)
             ));
         }
+        self.track_gaps(&mut g)?;
         self.deallocate(
             &g,
             cur.offset_bytes + cur.size_bytes,
@@ -482,8 +489,14 @@ impl Volumes {
             what: format!("cannot {what}"),
             source,
         };
+        // Only what may hold data: a granule the map has clear reads as zeroes on the drives
+        // already (see `track_gaps`), and a deallocation through a parity array writes.
+        let runs = match &g.map {
+            Some(m) => m.data_runs(offset, len),
+            None => vec![(offset, len)],
+        };
         let cleared = g.map.as_ref().map(|m| m.begin_clear(offset, len));
-        let r = self.dev.discard(offset, len);
+        let r = (runs.iter()).try_for_each(|&(o, l)| self.dev.discard(o, l));
         if let (Some(m), Some(c)) = (&g.map, cleared) {
             if r.is_ok() {
                 m.end_clear(c);
@@ -499,8 +512,25 @@ impl Volumes {
         .map_err(|e| io("make the zeroed space durable", e))
     }
 
+    /// Marks the free space of a map made before `gaps_tracked` as data, durably, once: what
+    /// the drives hold there is unknown, so the next volume made there deallocates it.
+    fn track_gaps(&self, g: &mut Inner) -> Result<()> {
+        let Some(m) = g.map.as_ref().filter(|_| !g.table.gaps_tracked) else {
+            return Ok(());
+        };
+        for (start, end) in self.gaps(&g.table) {
+            m.note_write(start, end - start);
+        }
+        m.commit().map_err(|source| VolumeError::Io {
+            what: "cannot write the pool's allocation map".into(),
+            source,
+        })?;
+        g.table.gaps_tracked = true;
+        Ok(())
+    }
+
     /// Gives the pool its allocation map (see `map_area`), where none is yet; volumes that
-    /// exist are marked as data throughout.
+    /// exist and the free space (whose contents are unknown) are marked as data throughout.
     fn ensure_map(&self, g: &mut Inner) -> Result<()> {
         if g.map.is_some() {
             return Ok(());
@@ -512,11 +542,9 @@ impl Volumes {
             );
             return Ok(());
         };
-        let data: Vec<(u64, u64)> = g
-            .table
-            .volumes
-            .iter()
+        let data: Vec<(u64, u64)> = (g.table.volumes.iter())
             .map(|v| (v.offset_bytes, v.size_bytes))
+            .chain(self.gaps(&g.table).into_iter().map(|(s, e)| (s, e - s)))
             .collect();
         let map = AllocMap::new(self.dev.clone(), area, &data);
         map.commit().map_err(|source| VolumeError::Io {
@@ -525,6 +553,7 @@ impl Volumes {
         })?;
         g.map = Some(Arc::new(map));
         g.table.alloc_map = Some(area);
+        g.table.gaps_tracked = true;
         Ok(())
     }
 

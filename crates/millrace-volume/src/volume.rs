@@ -244,18 +244,10 @@ impl Volume {
     /// The runs of `[at, at + len)` (pool offsets) that may hold data: only those need
     /// deallocating (a hole already reads as zeroes on the drives).
     fn data_runs(&self, at: u64, len: u64) -> Vec<(u64, u64)> {
-        let Some(m) = &self.map else {
-            return vec![(at, len)];
-        };
-        let mut out = Vec::new();
-        let mut pos = at;
-        for r in m.runs(at, len) {
-            if !r.zero {
-                out.push((pos, r.len));
-            }
-            pos += r.len;
+        match &self.map {
+            Some(m) => m.data_runs(at, len),
+            None => vec![(at, len)],
         }
-        out
     }
 
     fn deallocate(&self, at: u64, len: u64) -> io::Result<()> {
