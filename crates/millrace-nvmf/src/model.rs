@@ -541,7 +541,14 @@ pub(crate) struct Inner {
     /// Where namespaces' reservations that persist through power loss are recorded
     /// (`Target::set_reservation_store`); none: hosts cannot ask for persistence.
     pub resv_store: std::sync::OnceLock<crate::reservation::ReservationStore>,
+    /// ANA states other than optimized by (subsystem, transport, listener address, group):
+    /// a port's id changes when its listener starts again, its address does not, so a state
+    /// set before a listener starts (a restart) or kept while it restarts comes back with it.
+    pub ana_paths: Mutex<HashMap<AnaPath, crate::ana::AnaState>>,
 }
+
+/// A subsystem's ANA group as one listener (by address) reaches it.
+pub(crate) type AnaPath = (String, Transport, SocketAddr, u32);
 
 impl Inner {
     /// The data path; a target given none gets its own pool of `max_buffer_bytes` (not

@@ -77,6 +77,7 @@ impl Target {
                 shutdown: CancellationToken::new(),
                 host_shares: Default::default(),
                 resv_store: std::sync::OnceLock::new(),
+                ana_paths: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -178,6 +179,7 @@ impl Target {
             .remove(nqn)
             .ok_or_else(|| Error::NoSuchSubsystem(nqn.into()))?;
         s.kill_controllers();
+        (self.inner.ana_paths.lock()).retain(|(n, ..), _| n != nqn);
         self.inner.discovery_changed();
         Ok(())
     }
@@ -242,6 +244,16 @@ impl Target {
             });
             id
         };
+        // States set for this address before it listened (or while it last did) hold again.
+        let remembered: Vec<_> = (self.inner.ana_paths.lock().iter())
+            .filter(|((_, t, a, _), _)| *t == transport && *a == addr)
+            .map(|((nqn, _, _, g), st)| (nqn.clone(), *g, *st))
+            .collect();
+        for (nqn, group, state) in remembered {
+            if let Ok(s) = self.subsystem(&nqn) {
+                s.ana.set(id, group, state);
+            }
+        }
         self.inner.discovery_changed();
         ListenerGuard {
             t: self.inner.clone(),
@@ -261,11 +273,69 @@ impl Target {
         group: u32,
         state: AnaState,
     ) -> Result<(), Error> {
+        self.ana_state_at(nqn, transport, listener, group, state, true)
+    }
+
+    /// As [`Target::set_ana_state`], for a listener that may not have started yet (a server
+    /// starting puts back the states an operator set): it holds from when the listener starts.
+    pub fn restore_ana_state(
+        &self,
+        nqn: &str,
+        transport: Transport,
+        listener: SocketAddr,
+        group: u32,
+        state: AnaState,
+    ) -> Result<(), Error> {
+        self.ana_state_at(nqn, transport, listener, group, state, false)
+    }
+
+    fn check_ana_group(&self, s: &Subsystem, nqn: &str, group: u32) -> Result<(), Error> {
+        let groups = s.ana_groups();
+        if groups.iter().any(|(g, _)| *g == group) {
+            return Ok(());
+        }
+        let known: Vec<String> = groups.iter().map(|(g, _)| g.to_string()).collect();
+        Err(Error::Invalid(format!(
+            "subsystem {nqn} has no namespace in ANA group {group}; its groups are: {}",
+            known.join(", ")
+        )))
+    }
+
+    fn remember_ana(
+        &self,
+        nqn: &str,
+        transport: Transport,
+        listener: SocketAddr,
+        group: u32,
+        state: AnaState,
+    ) {
+        let key = (nqn.to_string(), transport, listener, group);
+        let mut m = self.inner.ana_paths.lock();
+        match state {
+            AnaState::Optimized => m.remove(&key),
+            st => m.insert(key, st),
+        };
+    }
+
+    fn ana_state_at(
+        &self,
+        nqn: &str,
+        transport: Transport,
+        listener: SocketAddr,
+        group: u32,
+        state: AnaState,
+        must_listen: bool,
+    ) -> Result<(), Error> {
         let s = self.subsystem(nqn)?;
         let port = (self.inner.ports.lock().iter())
             .find(|p| p.transport == transport && p.addr == listener)
             .map(|p| p.id);
         let Some(port) = port else {
+            if !must_listen {
+                self.check_ana_group(&s, nqn, group)?;
+                self.remember_ana(nqn, transport, listener, group, state);
+                return Ok(());
+            }
             let known: Vec<String> = (self.listeners().iter())
                 .map(|(t, a)| format!("{} {a}", t.as_str()))
                 .collect();
@@ -278,14 +348,8 @@ impl Target {
                 }
             )));
         };
-        let groups = s.ana_groups();
-        if !groups.iter().any(|(g, _)| *g == group) {
-            let known: Vec<String> = groups.iter().map(|(g, _)| g.to_string()).collect();
-            return Err(Error::Invalid(format!(
-                "subsystem {nqn} has no namespace in ANA group {group}; its groups are: {}",
-                known.join(", ")
-            )));
-        }
+        self.check_ana_group(&s, nqn, group)?;
+        self.remember_ana(nqn, transport, listener, group, state);
         if s.ana.set(port, group, state) {
             tracing::info!(subsystem = %nqn, %listener, group, state = state.as_str(), "ANA state changed");
             s.ana_changed(port);

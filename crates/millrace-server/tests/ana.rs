@@ -1,6 +1,6 @@
 //! NVMe paths and ANA through the API: a server with two NVMe/TCP listeners, an export in an ANA
-//! group of its own, each path's state set and shown (exports, /metrics), and bad requests
-//! refused with a sentence.
+//! group of its own, each path's state set and shown (exports, /metrics), bad requests
+//! refused with a sentence, and the states served again after a restart on the same listeners.
 
 mod common;
 
@@ -38,17 +38,31 @@ impl Server {
     }
 }
 
+/// A server on `home` in a thread of its own, with NVMe/TCP on `nvme`; its URL once it names
+/// one other than `not`, and the thread, which ends when the server stops.
+fn start(
+    home: &std::path::Path,
+    nvme: Vec<std::net::SocketAddr>,
+    not: Option<&str>,
+) -> (String, std::thread::JoinHandle<()>) {
+    let cfg = millrace_server::ServeConfig {
+        nvme,
+        ..common::config(home)
+    };
+    let server = std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(millrace_server::run(cfg))
+            .expect("the server stops cleanly");
+    });
+    (common::wait_url(home, not), server)
+}
+
 #[test]
 fn each_listener_is_a_path_whose_ana_state_is_set_and_shown() {
     let dir = tempfile::tempdir().unwrap();
     let any = "127.0.0.1:0".parse().unwrap();
-    let url = common::spawn(
-        millrace_server::ServeConfig {
-            nvme: vec![any, any],
-            ..common::config(&dir.path().join("home"))
-        },
-        None,
-    );
+    let home = dir.path().join("home");
+    let (url, server) = start(&home, vec![any, any], None);
     let agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(60)))
@@ -190,4 +204,58 @@ fn each_listener_is_a_path_whose_ana_state_is_set_and_shown() {
         state_of(&ex["nvme"][0], &listeners[0]),
         Some(json!("inaccessible"))
     );
+
+    // A path set back to optimized is forgotten; the other holds through a restart on the
+    // same listeners, and hosts connecting there see it from the start.
+    let (st, v) = s.call(
+        "PUT",
+        ana,
+        Some(json!({"listener": listeners[1], "state": "non-optimized"})),
+    );
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = s.call(
+        "PUT",
+        ana,
+        Some(json!({"listener": listeners[1], "state": "optimized"})),
+    );
+    assert_eq!(st, 200, "{v}");
+    // SAFETY: a plain kill(2) of this process; the server's signal handler takes it.
+    unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+    server.join().unwrap();
+    let addrs = listeners.iter().map(|l| l.parse().unwrap()).collect();
+    let (url, server) = start(&home, addrs, Some(&s.url));
+    let s = Server { url, ..s };
+    let (_, ex) = s.call("GET", "/api/v1/exports", None);
+    let e = &ex["nvme"][0];
+    assert_eq!(
+        state_of(e, &listeners[0]),
+        Some(json!("inaccessible")),
+        "{e}"
+    );
+    assert_eq!(state_of(e, &listeners[1]), Some(json!("optimized")), "{e}");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        use millrace_nvmf::initiator::{HostController, HostOptions};
+        let nqn = e["nqn"].as_str().unwrap();
+        let o = HostOptions {
+            hostnqn: host.into(),
+            ..Default::default()
+        };
+        for (l, path_error) in [(&listeners[0], true), (&listeners[1], false)] {
+            let c = HostController::connect(l.parse().unwrap(), nqn, &o, 1)
+                .await
+                .unwrap();
+            let id = c.admin.identify(0, 1).await.unwrap();
+            let lba = 1u32 << id[128 + 4 * (id[26] & 0xf) as usize + 2];
+            let r = c.io[0].write(1, 0, vec![7u8; lba as usize], lba).await;
+            let st = r.err().and_then(|e| e.status());
+            assert_eq!(
+                st.map(|s| (s.sct, s.sc)),
+                path_error.then_some((3, 2)),
+                "a write through {l}"
+            );
+        }
+    });
+    unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+    server.join().unwrap();
 }

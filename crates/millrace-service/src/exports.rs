@@ -68,6 +68,18 @@ impl State {
                 keys,
             )
             .map_err(|e| ApiError::conflict(e.to_string()))?;
+        // Path states an operator set hold again, from when their listeners start.
+        for p in &c.ana_states {
+            let restored = ana_path(&p.transport, &p.listener).and_then(|(t, l)| {
+                let st: millrace_nvmf::AnaState = p.state.parse().map_err(ApiError::bad_request)?;
+                (self.nvmf)
+                    .restore_ana_state(&c.nqn, t, l, c.ana_group, st)
+                    .map_err(|e| ApiError::bad_request(e.to_string()))
+            });
+            if let Err(err) = restored {
+                tracing::warn!(pool, volume = %v.name, listener = %p.listener, "the path's ANA state is not restored: {}", err.message);
+            }
+        }
         // Reservations a host asked to persist come back before any host can connect.
         let uuid = v.uuid.to_string();
         if let Some((nsid, st)) = self.resv_files.attach(&c.nqn, pool, &v.name, &uuid) {
@@ -213,6 +225,7 @@ impl State {
             hosts,
             allow_any_host,
             ana_group,
+            ana_states: Vec::new(),
         };
         if let Some(k) = &keys {
             if c.hosts.is_empty() {
@@ -342,32 +355,18 @@ impl State {
     }
 
     /// Sets the ANA state of an NVMe export's group on one path (listener); hosts connected
-    /// through it are told at once. Held by the running server only: a restart makes every
-    /// path optimized again.
+    /// through it are told at once. Recorded with the export: a server started again on the
+    /// same listener address serves the same state there.
     pub fn set_nvme_ana(
         &self,
         pool: &str,
         vol: &str,
         r: &AnaRequest,
     ) -> Result<NvmeExportView, ApiError> {
-        let (_, v) = self.volume(pool, vol)?;
+        let (e, v) = self.volume(pool, vol)?;
         let c = nvme_config(&v, pool, vol, EXPORT_FIRST)?;
         let state: millrace_nvmf::AnaState = r.state.parse().map_err(ApiError::bad_request)?;
-        let transport = match r.transport.as_deref().unwrap_or("tcp") {
-            "tcp" => millrace_nvmf::Transport::Tcp,
-            "rdma" => millrace_nvmf::Transport::Rdma,
-            t => {
-                return Err(ApiError::bad_request(format!(
-                    "'{t}' is not an NVMe transport; use tcp or rdma"
-                )))
-            }
-        };
-        let listener: std::net::SocketAddr = r.listener.trim().parse().map_err(|_| {
-            ApiError::bad_request(format!(
-                "'{}' is not a listener address; write it as ADDR:PORT, as `millrace export list` shows the export's paths",
-                r.listener
-            ))
-        })?;
+        let (transport, listener) = ana_path(r.transport.as_deref().unwrap_or("tcp"), &r.listener)?;
         if !self.serving {
             return Err(ApiError::conflict(
                 "ANA states are held by the running server; start `millrace serve` first"
@@ -377,6 +376,26 @@ impl State {
         (self.nvmf)
             .set_ana_state(&c.nqn, transport, listener, c.ana_group, state)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        // Recorded with the export, so a restart on the same listeners serves it again.
+        let mut c = c;
+        let t = transport.as_str().to_string();
+        (c.ana_states).retain(|p| {
+            !(p.transport == t && ana_path(&t, &p.listener).is_ok_and(|(_, l)| l == listener))
+        });
+        if state != millrace_nvmf::AnaState::Optimized {
+            c.ana_states.push(crate::props::AnaPathState {
+                transport: t,
+                listener: listener.to_string(),
+                state: state.as_str().to_string(),
+            });
+        }
+        if let Err(err) =
+            (e.volumes).set_prop(vol, NVME_PROP, Some(&serde_json::to_string(&c).unwrap()))
+        {
+            return Err(ApiError::internal(format!(
+                "the path is {state} now, but a restart will make it optimized again: cannot record it with the export ({err})"
+            )));
+        }
         let subs = self.nvmf.subsystems();
         let live = subs.iter().find(|s| s.nqn == c.nqn);
         let resv = self.reservation_of(&c.nqn);
@@ -675,4 +694,26 @@ fn parse_clients(clients: &[String]) -> Result<Vec<millrace_nbd::IpNet>, ApiErro
                 })
         })
         .collect()
+}
+
+/// A path as the API names it: a transport (tcp or rdma) and a listener, ADDR:PORT.
+fn ana_path(
+    transport: &str,
+    listener: &str,
+) -> Result<(millrace_nvmf::Transport, std::net::SocketAddr), ApiError> {
+    let t = match transport {
+        "tcp" => millrace_nvmf::Transport::Tcp,
+        "rdma" => millrace_nvmf::Transport::Rdma,
+        t => {
+            return Err(ApiError::bad_request(format!(
+                "'{t}' is not an NVMe transport; use tcp or rdma"
+            )))
+        }
+    };
+    let l = listener.trim().parse().map_err(|_| {
+        ApiError::bad_request(format!(
+            "'{listener}' is not a listener address; write it as ADDR:PORT, as `millrace export list` shows the export's paths"
+        ))
+    })?;
+    Ok((t, l))
 }

@@ -29,6 +29,21 @@ pub struct NvmeExportConfig {
     /// reads each path's state of it.
     #[serde(default = "first_ana_group")]
     pub ana_group: u32,
+    /// The paths an operator set to a state other than optimized (`export nvme ana`), so that
+    /// a restarted server serves them so again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ana_states: Vec<AnaPathState>,
+}
+
+/// One path's ANA state as an operator set it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AnaPathState {
+    /// tcp or rdma.
+    pub transport: String,
+    /// The listener, ADDR:PORT.
+    pub listener: String,
+    pub state: String,
 }
 
 fn first_ana_group() -> u32 {
