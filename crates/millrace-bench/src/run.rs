@@ -134,8 +134,8 @@ pub fn cpu_seconds() -> f64 {
     tv(u.ru_utime) + tv(u.ru_stime)
 }
 
-/// Runs `jobs` threads of `workload` with requests of `bs` bytes for `secs` seconds. A job
-/// that hits an error stops, and the error is returned.
+/// Runs `jobs` threads of `workload` with requests of `bs` bytes for `secs` seconds (and
+/// each for one request at least). A job that hits an error stops, and the error is returned.
 pub fn run(
     target: &dyn Target,
     workload: Workload,
@@ -169,7 +169,9 @@ pub fn run(
                 let share = (slots / jobs as u64).max(1);
                 let mut next = (job as u64 * share) % slots;
                 let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (job as u64 + 1);
-                while !stop.load(Ordering::Relaxed) {
+                // Every job measures at least one request: on a loaded machine a short point
+                // can end before a job's thread has run at all, which would read as no speed.
+                loop {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
@@ -201,6 +203,9 @@ pub fn run(
                     }
                     bytes.fetch_add(bs, Ordering::Relaxed);
                     ops.fetch_add(1, Ordering::Relaxed);
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
                 }
             });
         }
@@ -216,4 +221,34 @@ pub fn run(
         seconds: t0.elapsed().as_secs_f64(),
         cpu_seconds: cpu_seconds() - cpu0,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A target whose every request takes 20 ms, far longer than the point.
+    struct Slow;
+    impl Target for Slow {
+        fn size(&self) -> u64 {
+            1 << 20
+        }
+        fn read(&self, _: usize, _: u64, _: &mut [u8]) -> std::io::Result<()> {
+            std::thread::sleep(Duration::from_millis(20));
+            Ok(())
+        }
+        fn write(&self, _: usize, _: u64, _: &[u8]) -> std::io::Result<()> {
+            std::thread::sleep(Duration::from_millis(20));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_point_shorter_than_one_request_still_measures_one_per_job() {
+        // More jobs than cores and a point of no length: most jobs have not run when it ends.
+        let m = run(&Slow, Workload::SeqRead, 4096, 64, 0.0).unwrap();
+        assert!(m.ops >= 64, "{} requests", m.ops);
+        assert!(m.bytes >= 64 * 4096);
+        assert!(m.gbps() > 0.0);
+    }
 }
