@@ -23,7 +23,6 @@ MR=$DIR/millrace
 [[ -x $MR ]] || { echo "nvme-auth: millrace is missing under $DIR; build it first (cargo build -p millrace-cli -p millrace-server)"; exit 1; }
 HOSTID=4d696c6c-7261-6365-0000-0000000049c1
 HOST=nqn.2014-08.org.nvmexpress:uuid:$HOSTID
-HOSTID2=4d696c6c-7261-6365-0000-0000000049c2
 NQN=nqn.2026-11.dev.millrace:tank.auth   # the default subsystem NQN of tank/auth
 work=$(mktemp -d /tmp/nvmeauth.XXXXXX)
 export MILLRACE_HOME=$work/home MILLRACE_LOG=${MILLRACE_LOG:-info}
@@ -114,20 +113,30 @@ ctrl_of() { # PORT: the controller (nvmeN) of HOST on that port
 }
 # conn PORT HOSTKEY [CTRLKEY]: nvme connect with those secrets (- for none); the status is nvme's.
 conn() {
-  local a=(nvme connect -t tcp -a 127.0.0.1 -s "$1" -n "$NQN" --hostnqn "$HOST" -i 1)
-  [[ $1 == 4420 ]] && a+=(--hostid "$HOSTID") || a+=(--hostid "$HOSTID2")
+  local a=(nvme connect -t tcp -a 127.0.0.1 -s "$1" -n "$NQN" --hostnqn "$HOST" --hostid "$HOSTID" -i 1)
   [[ $2 != - ]] && a+=(--dhchap-secret "$(sec "$2")")
   [[ -n ${3:-} ]] && a+=(--dhchap-ctrl-secret "$(sec "$3")")
   timeout 120 "${a[@]}" > "$work/connect.out" 2>&1
 }
+# ns_of CTRL: the namespace's block device through that controller. With native multipath
+# (nvme_core's default) a second controller's path (nvme0c1n1) is hidden behind the
+# namespace's one device (nvme0n1).
+ns_of() {
+  local p
+  for p in /sys/class/nvme/"$1"/nvme*n1; do
+    [[ -e $p ]] || continue
+    p=${p##*/}; p=/dev/${p/c[0-9]*n/n}
+    [[ -b $p ]] && { echo "$p"; return 0; }
+  done
+  return 1
+}
 # must_connect PORT HOSTKEY [CTRLKEY]: connects, and bytes written through the namespace read back.
 must_connect() {
   local c n
-  conn "$@" || { cat "$work/connect.out"; fail "nvme connect with $2${3:+ and controller key $3} on $1 was refused"; }
-  for _ in $(seq 100); do c=$(ctrl_of "$1") && [[ -b /dev/${c}n1 ]] && break; sleep 0.2; done
+  conn "$@" || { cat "$work/connect.out" >&2; fail "nvme connect with $2${3:+ and controller key $3} on $1 was refused"; }
+  for _ in $(seq 100); do c=$(ctrl_of "$1") && ns_of "$c" > /dev/null && break; sleep 0.2; done
   c=$(ctrl_of "$1") || fail "no controller after connecting with $2 on $1"
-  n=/dev/${c}n1
-  [[ -b $n ]] || fail "$c has no namespace block device"
+  n=$(ns_of "$c") || fail "$c has no namespace block device ($(ls /sys/class/nvme/"$c" | tr '\n' ' '))"
   roundtrip "$n"
   echo "$c"
 }
@@ -140,10 +149,16 @@ roundtrip() { # DEV: 1 MiB at a random MiB written with O_DIRECT, read back the 
     || { cat "$work/dd.out"; fail "reading through $1"; }
   cmp -s "$work/w.bin" "$work/r.bin" || fail "$1 read back other bytes than were written at MiB $at"
 }
-# refused PORT HOSTKEY [CTRLKEY]: the connect fails and leaves no controller.
+# refused PORT HOSTKEY [CTRLKEY]: the connect fails, leaves no controller, and the server counts
+# a failed authentication (so it was refused for that, not by nvme-cli or the kernel's checks).
 refused() {
+  local before n
+  before=$(count failed)
   conn "$@" && fail "nvme connect with ${2/-/no secret}${3:+ and controller key $3} on $1 was let in"
   ! ctrl_of "$1" > /dev/null || fail "a refused connect left controller $(ctrl_of "$1")"
+  for _ in $(seq 50); do n=$(count failed); ((n > before)) && return 0; sleep 0.2; done
+  cat "$work/connect.out" >&2
+  fail "nvme connect with ${2/-/no secret}${3:+ and controller key $3} on $1 failed, but the server counted no failed authentication"
 }
 disconnect() { nvme disconnect -d "$1" > /dev/null 2>&1 || fail "nvme disconnect -d $1"; }
 # negotiated: the hash and group of the server's last logged authentication.
@@ -199,7 +214,7 @@ done
 c=$(must_connect 4420 k1)
 "$MR" export nvme host set-key tank/auth "$HOST" --dhchap-secret "$work/k2.key" > "$work/setkey.out" 2>&1 \
   || { cat "$work/setkey.out"; fail "set-key to k2 while the host is connected"; }
-roundtrip "/dev/${c}n1"
+roundtrip "$(ns_of "$c")"
 step "set-key while $c is connected: its I/O goes on"
 refused 4421 k1
 step "a new connect with the old secret is refused"
@@ -209,7 +224,7 @@ sec k2 > "/sys/class/nvme/$c/dhchap_secret" || fail "writing the new secret to /
 for _ in $(seq 150); do (( $(count succeeded) >= ok2 + 2 )) && break; sleep 0.2; done
 (( $(count succeeded) >= ok2 + 2 )) || fail "the host did not re-authenticate its 2 queues with the new secret (succeeded: $ok2 -> $(count succeeded))"
 (( $(count failed) == bad4 )) || fail "a re-authentication with the new secret failed"
-roundtrip "/dev/${c}n1"
+roundtrip "$(ns_of "$c")"
 step "$c re-authenticated with the new secret (sysfs dhchap_secret) and its I/O goes on"
 c2=$(must_connect 4421 k2)
 step "a second controller ($c2) connects with the new secret"
