@@ -10,12 +10,14 @@
 # and DH group the server and the kernel agree on; rotation: `millrace export nvme host set-key`
 # leaves the connected host working, a new connect with the old key is refused, the host
 # re-authenticates with the new key (written to /sys/class/nvme/nvmeX/dhchap_secret) and keeps
-# working, and a second controller connects with it.
+# working, and a second controller connects with it. The hashes and groups the Linux host does
+# not get from Millrace's target (it takes SHA-512 and ffdhe2048) are checked the other way round:
+# Millrace's initiator (examples/dhchap_connect) against the kernel's target, nvmet.
 # Linux 6.12 (the runner's default kernel) has NVMe in-band authentication; a kernel without it
 # (Debian's 6.1, the runner's fallback where 6.12 cannot be installed) cannot check any of this:
 # the script then says SKIPPED and exits 77, which run-all and scripts/test.sh count as skipped
 # (a failure where CI is set), never as a pass.
-#   usage (on the host): cargo build -p millrace-cli -p millrace-server
+#   usage (on the host): cargo build -p millrace-cli -p millrace-server && cargo build -p millrace-nvmf --example dhchap_connect
 #          tests/guest/run-in-guest --timeout 1200 tests/guest/nvme-auth.sh $PWD/target/debug
 set -euo pipefail
 DIR=$(realpath "${1:-$PWD/target/debug}")
@@ -230,4 +232,49 @@ c2=$(must_connect 4421 k2)
 step "a second controller ($c2) connects with the new secret"
 disconnect "$c2"; disconnect "$c"
 kill -0 "$spid" || fail "the server died"
+
+# The other hashes and groups: the Linux host offers them all and Millrace's target takes the
+# strongest hash and ffdhe2048, so the rest meet Linux's code the other way round: Millrace's
+# initiator (examples/dhchap_connect, the same dhchap module) against the kernel's target. It
+# offers one hash and one group, which nvmet takes; nvmet set to the null group refuses a host
+# that offers only null (6.12 takes an offered group other than its own, else its own if it has
+# a DH implementation, which null has not), so for null it is set to ffdhe2048.
+EX=$DIR/examples/dhchap_connect
+[[ -x $EX ]] || fail "$EX is missing; build it first (cargo build -p millrace-nvmf --example dhchap_connect)"
+modprobe nvmet-tcp || fail "cannot load nvmet-tcp"
+mountpoint -q /sys/kernel/config || mount -t configfs configfs /sys/kernel/config || fail "cannot mount configfs"
+cfs=/sys/kernel/config/nvmet KNQN=nqn.2026-11.dev.millrace:nvmet.auth kh=$cfs/hosts/$HOST
+truncate -s 16M "$work/nvmet.img"
+{
+  mkdir "$cfs/subsystems/$KNQN" && echo 0 > "$cfs/subsystems/$KNQN/attr_allow_any_host" \
+    && mkdir "$cfs/subsystems/$KNQN/namespaces/1" \
+    && echo -n "$work/nvmet.img" > "$cfs/subsystems/$KNQN/namespaces/1/device_path" \
+    && echo 1 > "$cfs/subsystems/$KNQN/namespaces/1/buffered_io" \
+    && echo 1 > "$cfs/subsystems/$KNQN/namespaces/1/enable" \
+    && mkdir "$kh" && sec k1 > "$kh/dhchap_key" \
+    && ln -s "$kh" "$cfs/subsystems/$KNQN/allowed_hosts/" \
+    && mkdir "$cfs/ports/1" && echo tcp > "$cfs/ports/1/addr_trtype" && echo ipv4 > "$cfs/ports/1/addr_adrfam" \
+    && echo 127.0.0.1 > "$cfs/ports/1/addr_traddr" && echo 4430 > "$cfs/ports/1/addr_trsvcid" \
+    && ln -s "$cfs/subsystems/$KNQN" "$cfs/ports/1/subsystems/"
+} 2> "$work/nvmet.out" || { cat "$work/nvmet.out" >&2; fail "setting up the kernel target (nvmet) with a host secret"; }
+groups=(null ffdhe2048 ffdhe3072 ffdhe4096 ffdhe6144 ffdhe8192)
+said=()
+for h in 1 2 3; do
+  for g in 0 1 2 3 4 5; do
+    hn=sha$((h == 1 ? 256 : h == 2 ? 384 : 512))
+    echo "hmac($hn)" > "$kh/dhchap_hash" && echo "${groups[g > 0 ? g : 1]}" > "$kh/dhchap_dhgroup" \
+      || fail "nvmet refuses hash $hn or group ${groups[g]} for the host"
+    timeout 120 "$EX" --addr 127.0.0.1:4430 --nqn "$KNQN" --host "$HOST" --secret-file "$work/k1.key" --hash $h --group $g \
+      > "$work/ex.out" 2>&1 || { cat "$work/ex.out" >&2; fail "Millrace's host side against nvmet with $hn and ${groups[g]}"; }
+  done
+  said+=("$hn")
+done
+step "Millrace's initiator against the kernel's target: ${said[*]} each with null and ffdhe2048 to ffdhe8192"
+sec c1 > "$kh/dhchap_ctrl_key" || fail "setting nvmet's controller secret"
+timeout 120 "$EX" --addr 127.0.0.1:4430 --nqn "$KNQN" --host "$HOST" --secret-file "$work/k1.key" --ctrl-secret-file "$work/c1.key" --hash 3 --group 5 \
+  > "$work/ex.out" 2>&1 || { cat "$work/ex.out" >&2; fail "Millrace's host side against nvmet both ways"; }
+sec cbad > "$kh/dhchap_ctrl_key"
+timeout 120 "$EX" --addr 127.0.0.1:4430 --nqn "$KNQN" --host "$HOST" --secret-file "$work/k1.key" --ctrl-secret-file "$work/c1.key" --hash 3 --group 5 \
+  > "$work/ex.out" 2>&1 && fail "Millrace's host side accepted nvmet with another controller secret"
+step "both ways against the kernel's target (SHA-512, ffdhe8192): the right controller secret authenticates, another is refused"
 step "PASS (authentications: $(count succeeded) succeeded, $(count failed) failed)"
