@@ -35,6 +35,11 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+# The guests' kernel, Linux 6.12 from bookworm-backports (Debian 12's own 6.1 has no NVMe in-band
+# authentication, which tests/guest/nvme-auth.sh needs): installed here once rather than by the
+# first guest; where it cannot be had, the guests run the newest kernel in /boot and that script
+# reports itself skipped.
+$SUDO env MILLRACE_GUEST_KERNEL="${MILLRACE_GUEST_KERNEL:-6.12}" tests/guest/run-in-guest --kernel >/dev/null
 
 if ! command -v cargo >/dev/null; then
   echo "setup: Rust is missing: install it with rustup (https://rustup.rs), then run this again" >&2

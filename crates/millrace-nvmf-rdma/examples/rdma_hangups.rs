@@ -393,6 +393,14 @@ enum Bad {
 }
 
 impl Bad {
+    /// What it does, for a failure's sentence.
+    fn what(&self) -> String {
+        match self {
+            Bad::Ctrl(k, _) => format!("{k:?}"),
+            Bad::Mute(_) => "Mute".into(),
+        }
+    }
+
     /// The CM id the target's closure shows on.
     fn id(&self) -> &CmId {
         match self {
@@ -601,19 +609,21 @@ async fn run(a: &Args) -> Result<(), String> {
     // The target must end every stalled queue by itself, by its deadlines, while the good
     // host goes on; each is waited for in turn, the good host checked between them.
     let end = Instant::now() + a.deadline;
-    for b in bad
-        .iter()
-        .filter(|b| !matches!(b, Bad::Ctrl(Kind::Disconnects, _)))
+    let mut closed = 0;
+    for (i, b) in
+        (bad.iter().enumerate()).filter(|(_, b)| !matches!(b, Bad::Ctrl(Kind::Disconnects, _)))
     {
         loop {
             good.round().await?;
             if closed_by_target(b.id(), Duration::from_millis(200)).await {
+                closed += 1;
                 break;
             }
             if Instant::now() > end {
                 return Err(format!(
-                    "the target kept a stalled queue open for more than {:?}",
-                    a.deadline
+                    "the target kept a stalled queue open for more than {:?} (misbehaving host {i}, {}; {closed} closed before it)",
+                    a.deadline,
+                    b.what()
                 ));
             }
         }

@@ -516,6 +516,7 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
+        self.auth_at_close();
         if let Some(q) = self.q.take() {
             if q.qid == 0 {
                 self.t.drop_controller(&q.ctrl);

@@ -68,19 +68,40 @@ impl Session {
                 (Err(st), out) => (Action::status(st), out),
             }
         };
+        if outcome.is_some() {
+            a.settle();
+        }
+        let (hash, group) = a.agreed().map_or(("-", "-"), |(h, g)| (h.name(), g.name()));
         match outcome {
             Some(Outcome::Succeeded) => {
                 subsys.auth.succeeded.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(peer = %self.peer, host = %ctrl.hostnqn, subsystem = %subsys.nqn, qid, "a host authenticated (DH-HMAC-CHAP)");
+                tracing::info!(peer = %self.peer, host = %ctrl.hostnqn, subsystem = %subsys.nqn, qid, hash, group, "a host authenticated (DH-HMAC-CHAP)");
             }
-            Some(Outcome::Failed(why)) => {
-                subsys.auth.failed.fetch_add(1, Ordering::Relaxed);
-                if let Some(n) = self.t.connect_log.allow() {
-                    tracing::warn!(peer = %self.peer, transport = self.transport.kind.as_str(), host = %ctrl.hostnqn, subsystem = %subsys.nqn, qid, "refused an authentication: {why} ({n} more refusals not logged)");
-                }
-            }
+            Some(Outcome::Failed(why)) => self.auth_refused(&subsys, &ctrl.hostnqn, qid, &why),
             None => {}
         }
         action
+    }
+
+    /// Counts and logs (rate-limited) a refused authentication.
+    fn auth_refused(&self, subsys: &Subsystem, hostnqn: &str, qid: u16, why: &str) {
+        subsys.auth.failed.fetch_add(1, Ordering::Relaxed);
+        if let Some(n) = self.t.connect_log.allow() {
+            tracing::warn!(peer = %self.peer, transport = self.transport.kind.as_str(), host = %hostnqn, subsystem = %subsys.nqn, qid, "refused an authentication: {why} ({n} more refusals not logged)");
+        }
+    }
+
+    /// At the queue's end: a queue told to authenticate that closes before any transaction
+    /// ended was refused too (the Linux host without a secret hangs up right after Connect),
+    /// and is counted and logged as such.
+    pub(super) fn auth_at_close(&self) {
+        let (Some(q), Some(a)) = (&self.q, &self.auth) else {
+            return;
+        };
+        if a.abandoned() {
+            let why =
+                "the host closed the queue without authenticating (it has no secret, or gave up)";
+            self.auth_refused(&q.ctrl.subsys, &q.ctrl.hostnqn, q.qid, why);
+        }
     }
 }

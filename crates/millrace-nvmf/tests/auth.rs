@@ -138,6 +138,13 @@ async fn wrong_and_missing_secrets_are_refused() {
         .err()
         .unwrap();
     assert_eq!(e.status(), Some(Status::AUTH_REQUIRED));
+    // Its queue, closed without a transaction (as the Linux host without a secret hangs up),
+    // counts as a refusal too.
+    let start = Instant::now();
+    while counts(&t) != (0, 4) {
+        assert!(start.elapsed() < Duration::from_secs(5), "{:?}", counts(&t));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let q = HostQueue::connect(addr, &host(HOST), NQN, 0, 0xffff)
         .await
         .unwrap();
@@ -160,6 +167,11 @@ async fn wrong_and_missing_secrets_are_refused() {
         .await
         .unwrap();
     q.property_get(prop::CAP, true).await.unwrap();
+    // A queue whose transaction ended, either way, is not counted again when it closes.
+    assert_eq!(counts(&t), (1, 5));
+    drop(q);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(counts(&t), (1, 5));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

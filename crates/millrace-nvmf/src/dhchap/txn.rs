@@ -69,6 +69,12 @@ pub(crate) struct QueueAuth {
     state: State,
     authenticated: bool,
     seq: u32,
+    /// The hash and group of the last transaction begun, for the log.
+    agreed: Option<(Hash, DhGroup)>,
+    /// Whether a transaction has ended (either way) since the Connect: a queue closed before
+    /// any did is a refusal nobody else counts (the Linux host without a secret hangs up at
+    /// once).
+    settled: bool,
 }
 
 type Sent = (Status, Option<Outcome>);
@@ -82,11 +88,29 @@ impl QueueAuth {
             state: State::Idle,
             authenticated: false,
             seq: u32::from_le_bytes([r[0], r[1], r[2], r[3]]) >> 1,
+            agreed: None,
+            settled: false,
         }
     }
 
     pub(crate) fn authenticated(&self) -> bool {
         self.authenticated
+    }
+
+    /// The hash and DH group of the last transaction begun.
+    pub(crate) fn agreed(&self) -> Option<(Hash, DhGroup)> {
+        self.agreed
+    }
+
+    /// Notes that a transaction ended (its outcome counted).
+    pub(crate) fn settle(&mut self) {
+        self.settled = true;
+    }
+
+    /// Whether the queue was never authenticated and no transaction of it ended: closed now,
+    /// its host gave up without a word (or never began).
+    pub(crate) fn abandoned(&self) -> bool {
+        !self.authenticated && !self.settled
     }
 
     /// Authentication Send with its data; `keys` are the host's secrets now (a rotated key
@@ -218,6 +242,7 @@ impl QueueAuth {
             );
         };
         self.seq = self.seq.wrapping_add(1).max(1);
+        self.agreed = Some((hash, group));
         let dh = KeyPair::new(group);
         let t = Txn {
             tid: n.tid,
