@@ -1,0 +1,191 @@
+//! NVMe/TCP's secure channel over 127.0.0.1 against an independent TLS client (OpenSSL's, in
+//! its own thread, with the PSK identity and key computed by the client side of this test
+//! from the interchange key): the handshake completes with the right key, a wrong key and an
+//! unknown identity are refused, a plain host is refused, and hosts that stall or hang up
+//! mid-handshake neither hold up others nor end the server. After the handshake the server
+//! hands the records to kernel TLS: where the kernel has it, an ICReq sent through the TLS
+//! client gets its ICResp; where it does not (no `tls` module), the connection is closed.
+
+use millrace_block::MemBlockDevice;
+use millrace_nvmf::initiator::{discover, ic_req_pdu, HostOptions};
+use millrace_nvmf::tls::{psk, Psk, TlsMode};
+use millrace_nvmf::{Namespace, SubsystemConfig, Target, TargetConfig};
+use openssl::ssl::{Ssl, SslContext, SslMethod, SslVersion};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const NQN: &str = "nqn.2024-01.io.millrace:tls";
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000b1";
+const OTHER: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000b2";
+/// The first vector of tests/data/tls_psk_vectors.txt (hash 01, 32 bytes).
+const KEY: &str = "NVMeTLSkey-1:01:EBESExQVFhcYGRobHB0eHyAhIiMkJSYnKCkqKywtLi9A/ow7:";
+/// Another valid key (hash 00).
+const WRONG: &str = "NVMeTLSkey-1:00:oKGio6SlpqeoqaqrrK2ur7CxsrO0tba3uLm6u7y9vr8G4daz:";
+
+async fn target(timeout: Duration) -> (Target, SocketAddr, SocketAddr) {
+    let t = Target::new(TargetConfig {
+        handshake_timeout: timeout,
+        ..Default::default()
+    });
+    t.add_subsystem(SubsystemConfig {
+        nqn: NQN.into(),
+        serial: "MR-TLS".into(),
+        model: "Millrace test".into(),
+        namespaces: vec![Namespace {
+            nsid: 1,
+            dev: Arc::new(MemBlockDevice::new(16 << 20)),
+            uuid: [3; 16],
+            nguid: [4; 16],
+            ana_group: 0,
+        }],
+        allowed_hosts: vec![HOST.into(), OTHER.into()],
+        allow_any_host: false,
+    })
+    .unwrap();
+    t.set_host_tls_psk(NQN, HOST, Some(Psk::parse(KEY).unwrap()))
+        .unwrap();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let t2 = t.clone();
+    tokio::spawn(async move { t2.serve_with(l, TlsMode::Required).await });
+    let d = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let daddr = d.local_addr().unwrap();
+    let t3 = t.clone();
+    tokio::spawn(async move { t3.serve_discovery(d).await });
+    (t, addr, daddr)
+}
+
+/// What the client saw.
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    /// The handshake failed.
+    Refused,
+    /// The handshake completed; then the ICReq got an ICResp (kernel TLS took over).
+    Served,
+    /// The handshake completed; then the server closed (no kernel TLS here).
+    ClosedAfter,
+}
+
+/// OpenSSL's client, TLS 1.3 with TLS_AES_128_GCM_SHA256 and an external PSK: the identity
+/// `NVMe0R01 <host> <subsystem>` and the TLS PSK derived from `key` for `host`.
+fn client(addr: SocketAddr, host: &str, key: &str) -> Outcome {
+    let key = Psk::parse(key).unwrap();
+    let id = psk::identity(key.suite(), host, NQN);
+    let tls = key.tls_key(host, &id).unwrap().to_vec();
+    let mut b = SslContext::builder(SslMethod::tls_client()).unwrap();
+    b.set_min_proto_version(Some(SslVersion::TLS1_3)).unwrap();
+    b.set_max_proto_version(Some(SslVersion::TLS1_3)).unwrap();
+    b.set_ciphersuites("TLS_AES_128_GCM_SHA256").unwrap();
+    b.set_psk_client_callback(move |_ssl, _hint, idb, pskb| {
+        idb[..id.len()].copy_from_slice(id.as_bytes());
+        idb[id.len()] = 0;
+        pskb[..tls.len()].copy_from_slice(&tls);
+        Ok(tls.len())
+    });
+    let ctx = b.build();
+    let sock = TcpStream::connect(addr).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let Ok(mut s) = Ssl::new(&ctx).unwrap().connect(sock) else {
+        return Outcome::Refused;
+    };
+    if s.write_all(&ic_req_pdu()).is_err() {
+        return Outcome::ClosedAfter;
+    }
+    let mut resp = [0u8; 128];
+    match s.read_exact(&mut resp) {
+        Ok(()) => {
+            assert_eq!(resp[0], 1, "an ICResp");
+            Outcome::Served
+        }
+        Err(_) => Outcome::ClosedAfter,
+    }
+}
+
+async fn run_client(addr: SocketAddr, host: &'static str, key: &'static str) -> Outcome {
+    tokio::task::spawn_blocking(move || client(addr, host, key))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn psk_handshakes_are_checked() {
+    let (t, addr, daddr) = target(Duration::from_secs(10)).await;
+    let good = run_client(addr, HOST, KEY).await;
+    // Kernel TLS decides what follows the handshake; the handshake itself must succeed.
+    let ktls = millrace_nvmf::tls::kernel_tls_listed();
+    assert_eq!(
+        good,
+        if ktls {
+            Outcome::Served
+        } else {
+            Outcome::ClosedAfter
+        },
+        "kernel TLS listed: {ktls}"
+    );
+    assert_eq!(run_client(addr, HOST, WRONG).await, Outcome::Refused);
+    // OTHER is allowed on the subsystem but has no PSK: its identity is unknown.
+    assert_eq!(run_client(addr, OTHER, KEY).await, Outcome::Refused);
+    assert!(t.stats().connections_refused >= 2);
+    // The right key after refusals still works.
+    assert_ne!(run_client(addr, HOST, KEY).await, Outcome::Refused);
+    assert_eq!(t.tls_hosts(NQN).unwrap(), vec![HOST.to_string()]);
+
+    // A plain NVMe/TCP host (an ICReq where a ClientHello belongs) is closed without reply.
+    let mut plain = tokio::net::TcpStream::connect(addr).await.unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    plain.write_all(&ic_req_pdu()).await.unwrap();
+    let mut b = [0u8; 128];
+    let n = tokio::time::timeout(Duration::from_secs(10), plain.read(&mut b))
+        .await
+        .expect("the server closes a plain host")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "no ICResp in the clear");
+
+    // The discovery log says TLS 1.3 is required on this listener.
+    let o = HostOptions {
+        hostnqn: HOST.into(),
+        ..Default::default()
+    };
+    let log = discover(daddr, &o).await.unwrap();
+    let e = log
+        .iter()
+        .find(|e| e.trsvcid == addr.port().to_string())
+        .unwrap();
+    assert_eq!(
+        (e.treq & 3, e.sectype),
+        (1, 2),
+        "TREQ required, SECTYPE TLS 1.3"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_and_vanishing_hosts_hold_up_no_one() {
+    let (t, addr, _) = target(Duration::from_secs(2)).await;
+    // One host connects and sends nothing; another sends half a ClientHello and hangs up.
+    let mut stalled = tokio::net::TcpStream::connect(addr).await.unwrap();
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut half = tokio::net::TcpStream::connect(addr).await.unwrap();
+        half.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00])
+            .await
+            .unwrap();
+    }
+    // Meanwhile a good host is served at once.
+    let t0 = Instant::now();
+    assert_ne!(run_client(addr, HOST, KEY).await, Outcome::Refused);
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    // The stalled host is dropped at the handshake deadline.
+    use tokio::io::AsyncReadExt;
+    let mut b = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(10), stalled.read(&mut b))
+        .await
+        .expect("the stalled host is closed at the deadline")
+        .unwrap_or(0);
+    assert_eq!(n, 0);
+    assert!(t.stats().timeouts >= 1);
+    // And the server still serves.
+    assert_ne!(run_client(addr, HOST, KEY).await, Outcome::Refused);
+}
