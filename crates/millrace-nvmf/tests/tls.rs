@@ -7,7 +7,7 @@
 //! client gets its ICResp; where it does not (no `tls` module), the connection is closed.
 
 use millrace_block::MemBlockDevice;
-use millrace_nvmf::initiator::{discover, ic_req_pdu, HostOptions};
+use millrace_nvmf::initiator::{connect_pdu, discover, ic_req_pdu, HostOptions};
 use millrace_nvmf::tls::{psk, Psk, TlsMode};
 use millrace_nvmf::{Namespace, SubsystemConfig, Target, TargetConfig};
 use openssl::ssl::{Ssl, SslContext, SslMethod, SslVersion};
@@ -62,15 +62,17 @@ async fn target(timeout: Duration) -> (Target, SocketAddr, SocketAddr) {
 enum Outcome {
     /// The handshake failed.
     Refused,
-    /// The handshake completed; then the ICReq got an ICResp (kernel TLS took over).
-    Served,
+    /// The handshake completed; then the ICReq got an ICResp (kernel TLS took over) and the
+    /// admin queue's Connect got this status (0: connected).
+    Served(u16),
     /// The handshake completed; then the server closed (no kernel TLS here).
     ClosedAfter,
 }
 
 /// OpenSSL's client, TLS 1.3 with TLS_AES_128_GCM_SHA256 and an external PSK: the identity
-/// `NVMe0R01 <host> <subsystem>` and the TLS PSK derived from `key` for `host`.
-fn client(addr: SocketAddr, host: &str, key: &str) -> Outcome {
+/// `NVMe0R01 <host> <subsystem>` and the TLS PSK derived from `key` for `host`; through it an
+/// ICReq, then a Connect of an admin queue as `connect_as`.
+fn client(addr: SocketAddr, host: &str, key: &str, connect_as: &str) -> Outcome {
     let key = Psk::parse(key).unwrap();
     let id = psk::identity(key.suite(), host, NQN);
     let tls = key.tls_key(host, &id).unwrap().to_vec();
@@ -95,19 +97,35 @@ fn client(addr: SocketAddr, host: &str, key: &str) -> Outcome {
         return Outcome::ClosedAfter;
     }
     let mut resp = [0u8; 128];
-    match s.read_exact(&mut resp) {
-        Ok(()) => {
-            assert_eq!(resp[0], 1, "an ICResp");
-            Outcome::Served
-        }
-        Err(_) => Outcome::ClosedAfter,
+    if s.read_exact(&mut resp).is_err() {
+        return Outcome::ClosedAfter;
     }
+    assert_eq!(resp[0], 1, "an ICResp");
+    let o = HostOptions {
+        hostnqn: connect_as.into(),
+        ..Default::default()
+    };
+    s.write_all(&connect_pdu(&o, NQN, 0, 32, 0xffff)).unwrap();
+    // A capsule response: an 8-byte header and the 16-byte completion (status in DW3 17..31).
+    let mut cap = [0u8; 24];
+    s.read_exact(&mut cap).unwrap();
+    assert_eq!(cap[0], 5, "a capsule response");
+    Outcome::Served(u16::from_le_bytes([cap[22], cap[23]]) >> 1)
+}
+
+async fn run_as(
+    addr: SocketAddr,
+    host: &'static str,
+    key: &'static str,
+    connect_as: &'static str,
+) -> Outcome {
+    tokio::task::spawn_blocking(move || client(addr, host, key, connect_as))
+        .await
+        .unwrap()
 }
 
 async fn run_client(addr: SocketAddr, host: &'static str, key: &'static str) -> Outcome {
-    tokio::task::spawn_blocking(move || client(addr, host, key))
-        .await
-        .unwrap()
+    run_as(addr, host, key, host).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -119,12 +137,19 @@ async fn psk_handshakes_are_checked() {
     assert_eq!(
         good,
         if ktls {
-            Outcome::Served
+            Outcome::Served(0)
         } else {
             Outcome::ClosedAfter
         },
         "kernel TLS listed: {ktls}"
     );
+    if ktls {
+        // The connection proved HOST's identity: a Connect as another host is refused.
+        let other = run_as(addr, HOST, KEY, OTHER).await;
+        assert!(matches!(other, Outcome::Served(st) if st != 0), "{other:?}");
+    } else {
+        eprintln!("this kernel has no kernel TLS: only the handshakes are checked here (the guest checks the rest: tests/guest/nvme-tls.sh)");
+    }
     assert_eq!(run_client(addr, HOST, WRONG).await, Outcome::Refused);
     // OTHER is allowed on the subsystem but has no PSK: its identity is unknown.
     assert_eq!(run_client(addr, OTHER, KEY).await, Outcome::Refused);
