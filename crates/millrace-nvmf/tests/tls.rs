@@ -21,6 +21,10 @@ const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000
 const OTHER: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000b2";
 /// The first vector of tests/data/tls_psk_vectors.txt (hash 01, 32 bytes).
 const KEY: &str = "NVMeTLSkey-1:01:EBESExQVFhcYGRobHB0eHyAhIiMkJSYnKCkqKywtLi9A/ow7:";
+/// The second vector (hash 02, 48 bytes: TLS_AES_256_GCM_SHA384), for HOST384.
+const KEY384: &str =
+    "NVMeTLSkey-1:02:AwoRGB8mLTQ7QklQV15lbHN6gYiPlp2kq7K5wMfO1dzj6vH4/wYNFBsiKTA3PkVMRdxyRQ==:";
+const HOST384: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000b3";
 /// Another valid key (hash 00).
 const WRONG: &str = "NVMeTLSkey-1:00:oKGio6SlpqeoqaqrrK2ur7CxsrO0tba3uLm6u7y9vr8G4daz:";
 
@@ -40,11 +44,13 @@ async fn target(timeout: Duration) -> (Target, SocketAddr, SocketAddr) {
             nguid: [4; 16],
             ana_group: 0,
         }],
-        allowed_hosts: vec![HOST.into(), OTHER.into()],
+        allowed_hosts: vec![HOST.into(), OTHER.into(), HOST384.into()],
         allow_any_host: false,
     })
     .unwrap();
     t.set_host_tls_psk(NQN, HOST, Some(Psk::parse(KEY).unwrap()))
+        .unwrap();
+    t.set_host_tls_psk(NQN, HOST384, Some(Psk::parse(KEY384).unwrap()))
         .unwrap();
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -69,6 +75,86 @@ enum Outcome {
     ClosedAfter,
 }
 
+// OpenSSL's external-PSK client call (1.1.1+) that the openssl crates do not wrap, for the
+// SHA-384 suite (the simple PSK client callback is SHA-256 only under TLS 1.3).
+type UseSession = unsafe extern "C" fn(
+    *mut openssl_sys::SSL,
+    *const openssl_sys::EVP_MD,
+    *mut *const u8,
+    *mut usize,
+    *mut *mut openssl_sys::SSL_SESSION,
+) -> libc::c_int;
+extern "C" {
+    fn SSL_CTX_set_psk_use_session_callback(c: *mut openssl_sys::SSL_CTX, cb: Option<UseSession>);
+    fn SSL_SESSION_new() -> *mut openssl_sys::SSL_SESSION;
+    fn SSL_SESSION_set1_master_key(
+        s: *mut openssl_sys::SSL_SESSION,
+        k: *const u8,
+        n: usize,
+    ) -> libc::c_int;
+    fn SSL_CIPHER_find(
+        ssl: *mut openssl_sys::SSL,
+        code: *const u8,
+    ) -> *const openssl_sys::SSL_CIPHER;
+    fn SSL_SESSION_set_cipher(
+        s: *mut openssl_sys::SSL_SESSION,
+        c: *const openssl_sys::SSL_CIPHER,
+    ) -> libc::c_int;
+    fn SSL_SESSION_set_protocol_version(
+        s: *mut openssl_sys::SSL_SESSION,
+        v: libc::c_int,
+    ) -> libc::c_int;
+}
+
+thread_local! {
+    /// The identity and TLS PSK the use-session callback offers (the client runs on one thread).
+    static OFFER: std::cell::RefCell<(Vec<u8>, Vec<u8>)> = Default::default();
+}
+
+unsafe extern "C" fn use_session(
+    ssl: *mut openssl_sys::SSL,
+    _md: *const openssl_sys::EVP_MD,
+    id: *mut *const u8,
+    idlen: *mut usize,
+    sess: *mut *mut openssl_sys::SSL_SESSION,
+) -> libc::c_int {
+    OFFER.with(|o| {
+        let o = o.borrow();
+        // Leaked: OpenSSL reads the identity after the callback returns; a test's few bytes.
+        let ident: &'static [u8] = Box::leak(o.0.clone().into_boxed_slice());
+        let s = SSL_SESSION_new();
+        let c = SSL_CIPHER_find(ssl, [0x13, 0x02].as_ptr());
+        assert!(!s.is_null() && !c.is_null());
+        assert_eq!(SSL_SESSION_set1_master_key(s, o.1.as_ptr(), o.1.len()), 1);
+        assert_eq!(SSL_SESSION_set_cipher(s, c), 1);
+        assert_eq!(
+            SSL_SESSION_set_protocol_version(s, openssl_sys::TLS1_3_VERSION),
+            1
+        );
+        *id = ident.as_ptr();
+        *idlen = ident.len();
+        *sess = s;
+        1
+    })
+}
+
+/// OpenSSL's client with TLS_AES_256_GCM_SHA384 and an external PSK given as a session (the
+/// identity `NVMe0R02 <host> <subsystem>`), then an ICReq and a Connect as `host`.
+fn client384(addr: SocketAddr, host: &str, key: &str) -> Outcome {
+    let key = Psk::parse(key).unwrap();
+    assert_eq!(key.suite(), millrace_nvmf::tls::Suite::Aes256Sha384);
+    let id = psk::identity(key.suite(), host, NQN);
+    let tls = key.tls_key(host, &id).unwrap().to_vec();
+    OFFER.with(|o| *o.borrow_mut() = (id.into_bytes(), tls));
+    let mut b = SslContext::builder(SslMethod::tls_client()).unwrap();
+    b.set_min_proto_version(Some(SslVersion::TLS1_3)).unwrap();
+    b.set_max_proto_version(Some(SslVersion::TLS1_3)).unwrap();
+    b.set_ciphersuites("TLS_AES_256_GCM_SHA384").unwrap();
+    // SAFETY: the callback has OpenSSL's signature and lives as long as the program.
+    unsafe { SSL_CTX_set_psk_use_session_callback(b.as_ptr(), Some(use_session)) };
+    finish(b.build(), addr, host)
+}
+
 /// OpenSSL's client, TLS 1.3 with TLS_AES_128_GCM_SHA256 and an external PSK: the identity
 /// `NVMe0R01 <host> <subsystem>` and the TLS PSK derived from `key` for `host`; through it an
 /// ICReq, then a Connect of an admin queue as `connect_as`.
@@ -86,7 +172,11 @@ fn client(addr: SocketAddr, host: &str, key: &str, connect_as: &str) -> Outcome 
         pskb[..tls.len()].copy_from_slice(&tls);
         Ok(tls.len())
     });
-    let ctx = b.build();
+    finish(b.build(), addr, connect_as)
+}
+
+/// Connects, runs the client's handshake, then sends an ICReq and a Connect as `connect_as`.
+fn finish(ctx: SslContext, addr: SocketAddr, connect_as: &str) -> Outcome {
     let sock = TcpStream::connect(addr).unwrap();
     sock.set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
@@ -124,6 +214,12 @@ async fn run_as(
         .unwrap()
 }
 
+async fn run_384(addr: SocketAddr, host: &'static str, key: &'static str) -> Outcome {
+    tokio::task::spawn_blocking(move || client384(addr, host, key))
+        .await
+        .unwrap()
+}
+
 async fn run_client(addr: SocketAddr, host: &'static str, key: &'static str) -> Outcome {
     run_as(addr, host, key, host).await
 }
@@ -147,7 +243,10 @@ async fn psk_handshakes_are_checked() {
         // The connection proved HOST's identity: a Connect as another host is refused.
         let other = run_as(addr, HOST, KEY, OTHER).await;
         assert!(matches!(other, Outcome::Served(st) if st != 0), "{other:?}");
+        let t2 = run_384(addr, HOST384, KEY384).await;
+        assert_eq!(t2, Outcome::Served(0), "TLS_AES_256_GCM_SHA384");
     } else {
+        assert_eq!(run_384(addr, HOST384, KEY384).await, Outcome::ClosedAfter);
         eprintln!("this kernel has no kernel TLS: only the handshakes are checked here (the guest checks the rest: tests/guest/nvme-tls.sh)");
     }
     assert_eq!(run_client(addr, HOST, WRONG).await, Outcome::Refused);
@@ -156,7 +255,10 @@ async fn psk_handshakes_are_checked() {
     assert!(t.stats().connections_refused >= 2);
     // The right key after refusals still works.
     assert_ne!(run_client(addr, HOST, KEY).await, Outcome::Refused);
-    assert_eq!(t.tls_hosts(NQN).unwrap(), vec![HOST.to_string()]);
+    assert_eq!(
+        t.tls_hosts(NQN).unwrap(),
+        vec![HOST.to_string(), HOST384.to_string()]
+    );
 
     // A plain NVMe/TCP host (an ICReq where a ClientHello belongs) is closed without reply.
     let mut plain = tokio::net::TcpStream::connect(addr).await.unwrap();
