@@ -9,7 +9,7 @@
  *     -Wl,--end-group -lssl -lcrypto -luuid
  *   (stub.c: long spdk_sock_recv(){return 0;} long spdk_sock_readv(){return 0;}
  *    void spdk_sock_writev_async(){})
- *   LD_PRELOAD=.../spdk-hkdf-salt.so ./vec KEY... > tls_psk_vectors.txt
+ *   LD_PRELOAD=salt.so ./vec KEY... > tls_psk_vectors.txt (salt.so: tests/guest/spdk-hkdf-salt.c)
  *
  * With OpenSSL 3.0 (Debian bookworm) SPDK v24.01's derivations fail ("Unable to set salt for
  * HKDF!": 3.0 refuses a NULL salt): tests/guest/spdk-hkdf-salt.c, preloaded, passes an empty
