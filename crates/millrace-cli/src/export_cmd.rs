@@ -114,11 +114,15 @@ pub enum HostCmd {
         host: String,
         #[command(flatten)]
         secrets: Secrets,
+        /// A file with the host's TLS PSK (`NVMeTLSkey-1:HH:BASE64:`, as `nvme gen-tls-key`
+        /// writes it), for listeners that require TLS (`millrace serve --nvme-tls required`).
+        #[arg(long, value_name = "FILE")]
+        tls_psk: Option<PathBuf>,
     },
-    /// Set or rotate the DH-HMAC-CHAP secrets a host authenticates with; its next
-    /// authentication uses them.
+    /// Set or rotate the DH-HMAC-CHAP secrets a host authenticates with, or its TLS PSK; its
+    /// next authentication (or TLS handshake) uses them.
     #[command(
-        after_help = "Example:\n  nvme gen-dhchap-key -n HOSTNQN > host.key\n  millrace export nvme host set-key tank/db HOSTNQN --dhchap-secret host.key"
+        after_help = "Examples:\n  nvme gen-dhchap-key -n HOSTNQN > host.key\n  millrace export nvme host set-key tank/db HOSTNQN --dhchap-secret host.key\n  nvme gen-tls-key -i > host.psk   (NVMeTLSkey-1:01:...:)\n  millrace export nvme host set-key tank/db HOSTNQN --tls-psk host.psk"
     )]
     SetKey {
         /// POOL/VOLUME
@@ -127,6 +131,10 @@ pub enum HostCmd {
         host: String,
         #[command(flatten)]
         secrets: Secrets,
+        /// A file with the host's TLS PSK (`NVMeTLSkey-1:HH:BASE64:`), for listeners that
+        /// require TLS (`millrace serve --nvme-tls required`).
+        #[arg(long, value_name = "FILE")]
+        tls_psk: Option<PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -138,6 +146,16 @@ fn read_secret(what: &str, path: &Path) -> Result<String> {
         .map_err(|e| anyhow::anyhow!("cannot read the {what} file {}: {e}", path.display()))?;
     millrace_service::nvme_auth::check_secret(&text)
         .map_err(|e| anyhow::anyhow!("the {what} in {} is refused: {e}", path.display()))
+}
+
+/// Reads and checks a TLS PSK file; errors name the file, never its content.
+fn read_psk(path: Option<&Path>) -> Result<Option<String>> {
+    let Some(path) = path else { return Ok(None) };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read the TLS PSK file {}: {e}", path.display()))?;
+    millrace_service::nvme_tls::check_psk(&text)
+        .map(Some)
+        .map_err(|e| anyhow::anyhow!("the TLS PSK in {} is refused: {e}", path.display()))
 }
 
 impl Secrets {
@@ -159,13 +177,16 @@ fn host_cmd(svc: &dyn Service, cmd: HostCmd) -> Result<()> {
             volume,
             host,
             secrets,
+            tls_psk,
         } => {
             let (pool, vol) = split(&volume)?;
             let (secret, ctrl) = secrets.read()?;
-            if let Some(s) = secret {
+            let tls_psk = read_psk(tls_psk.as_deref())?;
+            if secret.is_some() || tls_psk.is_some() {
                 let req = NvmeHostKeysRequest {
-                    dhchap_secret: s,
+                    dhchap_secret: secret,
                     dhchap_ctrl_secret: ctrl,
+                    tls_psk,
                 };
                 svc.set_nvme_host_keys(pool, vol, &host, req)?;
             }
@@ -177,19 +198,30 @@ fn host_cmd(svc: &dyn Service, cmd: HostCmd) -> Result<()> {
             volume,
             host,
             secrets,
+            tls_psk,
             json,
         } => {
             let (pool, vol) = split(&volume)?;
-            let (Some(secret), ctrl) = secrets.read()? else {
-                anyhow::bail!("give the host's secret with --dhchap-secret FILE");
-            };
+            let (secret, ctrl) = secrets.read()?;
+            let tls_psk = read_psk(tls_psk.as_deref())?;
+            if secret.is_none() && tls_psk.is_none() {
+                anyhow::bail!("give the host's secret with --dhchap-secret FILE, or its TLS PSK with --tls-psk FILE");
+            }
+            let tls = tls_psk.is_some();
+            let dhchap = secret.is_some();
             let req = NvmeHostKeysRequest {
                 dhchap_secret: secret,
                 dhchap_ctrl_secret: ctrl,
+                tls_psk,
             };
             let v = svc.set_nvme_host_keys(pool, vol, &host, req)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
+            } else if !dhchap && tls {
+                println!(
+                    "{host} proves itself to {volume} over TLS with its new PSK{}",
+                    when(svc)
+                );
             } else {
                 let mode = v.dhchap.get(&host).map_or("host", |m| m.as_str());
                 println!(
@@ -339,9 +371,16 @@ fn list(svc: &dyn Service, json: bool, only: Option<&str>) -> Result<()> {
 /// "HOSTNQN (dhchap: host)".
 fn allowed(e: &millrace_service::model::NvmeExportView) -> String {
     let mut v: Vec<String> = (e.hosts.iter())
-        .map(|h| match e.dhchap.get(h).map(String::as_str) {
-            None | Some("none") => h.clone(),
-            Some(m) => format!("{h} (dhchap: {m})"),
+        .map(|h| {
+            let tls = if e.tls_psk.contains(h) {
+                " (tls psk)"
+            } else {
+                ""
+            };
+            match e.dhchap.get(h).map(String::as_str) {
+                None | Some("none") => format!("{h}{tls}"),
+                Some(m) => format!("{h} (dhchap: {m}){tls}"),
+            }
         })
         .collect();
     if e.allow_any_host {

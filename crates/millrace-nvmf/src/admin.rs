@@ -6,6 +6,7 @@ use crate::ana;
 use crate::cmd::{admin, prop, Sqe, Status};
 use crate::model::{Controller, Inner, Ns, Transport, TransportInfo, AERL, DISCOVERY_NQN};
 use crate::resv_commands;
+use crate::tls::TlsMode;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 
@@ -421,8 +422,8 @@ pub(crate) fn discovery_log(x: &Ctx) -> Vec<u8> {
             .map(|s| s.nqn.clone())
             .collect();
     subs.sort();
-    let ports: Vec<(u16, SocketAddr, Transport)> = (x.t.ports.lock().iter())
-        .map(|p| (p.id, p.addr, p.transport))
+    let ports: Vec<(u16, SocketAddr, Transport, bool)> = (x.t.ports.lock().iter())
+        .map(|p| (p.id, p.addr, p.transport, p.tls == TlsMode::Required))
         .collect();
     let n = subs.len() * ports.len();
     let mut b = vec![0u8; 1024 * (n + 1)];
@@ -430,7 +431,7 @@ pub(crate) fn discovery_log(x: &Ctx) -> Vec<u8> {
     put64(&mut b, 8, n as u64);
     let mut at = 1024;
     for nqn in &subs {
-        for (id, addr, transport) in &ports {
+        for (id, addr, transport, tls) in &ports {
             let e = &mut b[at..at + 1024];
             e[0] = transport.trtype();
             let mut ip = addr.ip();
@@ -442,7 +443,8 @@ pub(crate) fn discovery_log(x: &Ctx) -> Vec<u8> {
             }
             e[1] = if ip.is_ipv4() { 1 } else { 2 }; // ADRFAM
             e[2] = 2; // SUBTYPE: NVM subsystem
-            e[3] = 2; // TREQ: secure channel not required
+                      // TREQ: secure channel required (01b) on a TLS listener, else not required (10b).
+            e[3] = if *tls { 1 } else { 2 };
             put16(e, 4, *id);
             put16(e, 6, 0xffff); // dynamic controllers
             put16(e, 8, x.t.cfg.admin_queue_depth);
@@ -455,7 +457,10 @@ pub(crate) fn discovery_log(x: &Ctx) -> Vec<u8> {
                 e[769] = 1;
                 e[770] = 1;
             }
-            // TSAS for TCP: SECTYPE 0 (no security).
+            // TSAS for TCP: SECTYPE 2 (TLS 1.3) on a TLS listener, else 0 (no security).
+            if *tls {
+                e[768] = 2;
+            }
             at += 1024;
         }
     }

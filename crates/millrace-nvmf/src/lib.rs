@@ -32,6 +32,7 @@
 //               `resv_commands` (reservation commands, notices, records, features)
 //   (each host's share of the buffer pool is a millrace_io::Shares keyed by host NQN)
 //   session:    one queue's command handling, transport-agnostic (`session`)
+//   secure channel: TLS 1.3 with PSKs, handshake in OpenSSL, records in the kernel (`tls`)
 //   transport:  NVMe/TCP (`tcp`, with `plug`: writes held for the one continuing them);
 //               NVMe/RDMA lives in millrace-nvmf-rdma, over `Session`
 //   target:     the public API and the TCP accept loop (`target`)
@@ -51,6 +52,7 @@ mod resv_commands;
 pub mod session;
 mod target;
 mod tcp;
+pub mod tls;
 
 pub use admin::{FIRMWARE, MAX_DEALLOCATE_BYTES, NVME_VERSION};
 pub use ana::{AnaState, ANA_GROUP_MAX};

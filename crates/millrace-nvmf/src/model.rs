@@ -194,6 +194,8 @@ pub struct HostInfo {
     pub transport: Transport,
     /// The listener the host connected through (None: one the target does not list).
     pub listener: Option<SocketAddr>,
+    /// Whether the admin queue came over TLS (NVMe/TCP's secure channel).
+    pub tls: bool,
 }
 
 /// Counters for Prometheus and the dashboard.
@@ -351,6 +353,8 @@ pub(crate) struct Subsystem {
     pub ana: crate::ana::Ana,
     /// Hosts' DH-HMAC-CHAP secrets and the authentication counters.
     pub auth: crate::dhchap::SubsystemAuth,
+    /// Hosts' configured TLS PSKs (NVMe/TCP's secure channel), per host NQN.
+    pub tls_psks: RwLock<HashMap<String, crate::tls::Psk>>,
 }
 
 #[derive(Default)]
@@ -450,6 +454,8 @@ pub(crate) struct Controller {
     /// The port (listener) it was connected through, 0 when the target lists none there: ANA
     /// states are this path's.
     pub port: u16,
+    /// The admin queue came over TLS.
+    pub tls: bool,
     pub regs: Mutex<Regs>,
     pub enabled: AtomicBool,
     pub kato_ms: AtomicU32,
@@ -505,12 +511,16 @@ pub(crate) struct Via {
     pub peer: SocketAddr,
     pub transport: Transport,
     pub port: u16,
+    /// The queue came over TLS (NVMe/TCP's secure channel).
+    pub tls: bool,
 }
 
 pub(crate) struct Port {
     pub id: u16,
     pub addr: SocketAddr,
     pub transport: Transport,
+    /// Whether the listener requires TLS (the discovery log's TREQ and TSAS say so).
+    pub tls: crate::tls::TlsMode,
 }
 
 /// The buffers and cores the target's connections run on (docs/DATAPATH.md).
@@ -625,6 +635,7 @@ impl Inner {
             peer: via.peer,
             transport: via.transport,
             port: via.port,
+            tls: via.tls,
             regs: Mutex::new(Regs { cc: 0, csts: 0 }),
             enabled: AtomicBool::new(false),
             kato_ms: AtomicU32::new(kato_ms),

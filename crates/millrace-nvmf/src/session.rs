@@ -71,6 +71,9 @@ pub struct Session {
     q: Option<Bound>,
     /// The queue's DH-HMAC-CHAP state when its host must authenticate (`session_auth.rs`).
     auth: Option<Box<crate::dhchap::txn::QueueAuth>>,
+    /// The PSK identity the host proved over TLS (NVMe/TCP's secure channel): Connect must
+    /// name the same host and subsystem.
+    tls: Option<crate::tls::Identity>,
 }
 
 impl Session {
@@ -95,7 +98,14 @@ impl Session {
             pool,
             q: None,
             auth: None,
+            tls: None,
         }
+    }
+
+    /// The PSK identity this queue's TLS handshake proved (None: plain TCP).
+    pub(crate) fn with_tls(mut self, tls: Option<crate::tls::Identity>) -> Session {
+        self.tls = tls;
+        self
     }
 
     /// The transport carrying this queue, and the pool its read data comes from (one the
@@ -384,6 +394,14 @@ impl Session {
             Err(at) => return no(&format!("its data is malformed at byte {at} (an NQN that is not NUL-terminated UTF-8 of at most 223 bytes)"), bad_data(at)),
         };
         *who = (d.hostnqn.clone(), d.subnqn.clone());
+        if let Some(id) = &self.tls {
+            if id.hostnqn != d.hostnqn || id.subnqn != d.subnqn {
+                return no(
+                    "its host or subsystem NQN differs from the PSK identity its TLS handshake proved",
+                    bad_host(),
+                );
+            }
+        }
         let Some(s) = self.t.lookup(&d.subnqn) else {
             return no("no such subsystem", bad_data(cmd::CONNECT_DATA_SUBNQN));
         };
@@ -454,6 +472,7 @@ impl Session {
             peer: self.peer,
             transport: self.transport.kind,
             port: self.t.port_of(self.transport.kind, self.local),
+            tls: self.tls.is_some(),
         };
         let Some(ctrl) = (self.t).new_controller(s, &d.hostnqn, d.hostid, via, kato) else {
             return Err((

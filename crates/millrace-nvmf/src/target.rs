@@ -12,6 +12,7 @@ use crate::model::{
 use crate::reservation::{ReservationState, ReservationStore};
 use crate::session::Session;
 use crate::tcp;
+use crate::tls::TlsMode;
 use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -56,6 +57,7 @@ impl Target {
             io: IoCounters::default(),
             ana: Default::default(),
             auth: Default::default(),
+            tls_psks: Default::default(),
         });
         let admission = millrace_io::admission::Admission::new(
             cfg.max_connections,
@@ -158,6 +160,7 @@ impl Target {
                 keys: RwLock::new(keys.into_iter().collect()),
                 ..Default::default()
             },
+            tls_psks: Default::default(),
         });
         {
             let mut m = self.inner.subsystems.write();
@@ -227,6 +230,10 @@ impl Target {
 
     /// Names a listener of another transport in the discovery log until the guard drops.
     pub fn add_listener(&self, transport: Transport, addr: SocketAddr) -> ListenerGuard {
+        self.add_port(transport, addr, TlsMode::None)
+    }
+
+    fn add_port(&self, transport: Transport, addr: SocketAddr, tls: TlsMode) -> ListenerGuard {
         let id = {
             let mut p = self.inner.ports.lock();
             // Port ids stay unique while listeners come and go.
@@ -241,6 +248,7 @@ impl Target {
                 id,
                 addr,
                 transport,
+                tls,
             });
             id
         };
@@ -505,6 +513,7 @@ impl Target {
                         io_queues: c.io_qids.lock().len(),
                         transport: c.transport,
                         listener: ports.iter().find(|p| p.0 == c.port).map(|p| p.2),
+                        tls: c.tls,
                     })
                     .collect();
                 hosts.sort_by_key(|h| h.cntlid);
@@ -563,14 +572,21 @@ impl Target {
     /// Serves NVMe/TCP I/O and discovery on this listener until `shutdown` (one task per
     /// connection). The listener's address becomes a port in the discovery log.
     pub async fn serve(&self, listener: TcpListener) -> io::Result<()> {
+        self.serve_with(listener, TlsMode::None).await
+    }
+
+    /// `serve`, with every connection on this listener required to open with a TLS 1.3 PSK
+    /// handshake when `tls` is `Required` (NVMe/TCP's secure channel; hosts' PSKs are set with
+    /// `set_host_tls_psk`). The discovery log names the listener as requiring TLS 1.3.
+    pub async fn serve_with(&self, listener: TcpListener, tls: TlsMode) -> io::Result<()> {
         let addr = listener.local_addr()?;
-        let _port = self.add_listener(Transport::Tcp, addr);
-        self.accept_loop(listener, false).await
+        let _port = self.add_port(Transport::Tcp, addr, tls);
+        self.accept_loop(listener, false, tls).await
     }
 
     /// Serves only the discovery subsystem on this listener (the standard port is 8009).
     pub async fn serve_discovery(&self, listener: TcpListener) -> io::Result<()> {
-        self.accept_loop(listener, true).await
+        self.accept_loop(listener, true, TlsMode::None).await
     }
 
     /// Cancelled when the target shuts down (other transports' listeners stop with it).
@@ -583,7 +599,12 @@ impl Target {
         self.inner.shutdown.cancel();
     }
 
-    async fn accept_loop(&self, listener: TcpListener, discovery_only: bool) -> io::Result<()> {
+    async fn accept_loop(
+        &self,
+        listener: TcpListener,
+        discovery_only: bool,
+        tls: TlsMode,
+    ) -> io::Result<()> {
         let mut backoff = millrace_io::admission::AcceptBackoff::default();
         loop {
             let (sock, peer) = tokio::select! {
@@ -614,7 +635,9 @@ impl Target {
                     cores.spawn(move || async move {
                         let _slot = slot;
                         match tokio::net::TcpStream::from_std(std) {
-                            Ok(sock) => tcp::serve_connection(t, sock, peer, discovery_only).await,
+                            Ok(sock) => {
+                                tcp::serve_connection(t, sock, peer, discovery_only, tls).await
+                            }
                             Err(e) => {
                                 tracing::warn!(%peer, "cannot serve a connection on a core: {e}")
                             }
@@ -624,7 +647,7 @@ impl Target {
                 None => {
                     tokio::spawn(async move {
                         let _slot = slot;
-                        tcp::serve_connection(t, sock, peer, discovery_only).await;
+                        tcp::serve_connection(t, sock, peer, discovery_only, tls).await;
                     });
                 }
             }

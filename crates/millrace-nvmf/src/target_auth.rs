@@ -25,6 +25,33 @@ impl Target {
         Ok(())
     }
 
+    /// Sets (Some) or removes (None) the configured TLS PSK `host` proves itself with on
+    /// subsystem `nqn`, on listeners that require TLS. Connections already open keep theirs;
+    /// the next handshake uses the new key.
+    pub fn set_host_tls_psk(
+        &self,
+        nqn: &str,
+        host: &str,
+        psk: Option<crate::tls::Psk>,
+    ) -> Result<(), Error> {
+        check_nqn(host)?;
+        let s = self.subsystem(nqn)?;
+        let mut k = s.tls_psks.write();
+        match psk {
+            Some(p) => k.insert(host.to_string(), p),
+            None => k.remove(host),
+        };
+        Ok(())
+    }
+
+    /// The hosts of subsystem `nqn` that have a TLS PSK, sorted (never the keys).
+    pub fn tls_hosts(&self, nqn: &str) -> Result<Vec<String>, Error> {
+        let s = self.subsystem(nqn)?;
+        let mut v: Vec<String> = s.tls_psks.read().keys().cloned().collect();
+        v.sort();
+        Ok(v)
+    }
+
     /// Each subsystem's hosts that authenticate and its counts of authentications, sorted
     /// by NQN. Secrets are never part of it.
     pub fn auth_info(&self) -> Vec<AuthInfo> {

@@ -41,6 +41,9 @@ pub struct ServeConfig {
     /// The NVMe/TCP I/O listeners, each a path to every subsystem (`--nvme`, repeatable);
     /// none serves no NVMe/TCP.
     pub nvme: Vec<SocketAddr>,
+    /// Whether every NVMe/TCP I/O listener requires TLS 1.3 with a PSK (`--nvme-tls`); the
+    /// discovery ports stay plain.
+    pub nvme_tls: millrace_service::nvme_tls::TlsMode,
     pub discovery_port: Option<u16>,
     /// NVMe/RDMA listeners (`--nvme-rdma`); one that cannot start is reported and skipped.
     pub nvme_rdma: Vec<SocketAddr>,
@@ -136,7 +139,7 @@ async fn serve_opened(
     // script waiting for a port) never finds a port answering for a server still starting.
     let ports = ports.listen()?;
     let api_addr = ports.api.local_addr()?;
-    let nvme_at = start_nvme(state, ports.nvme, ports.discovery)?;
+    let nvme_at = start_nvme(state, ports.nvme, ports.discovery, cfg.nvme_tls)?;
     let rdma_at = start_nvme_rdma(state, &cfg.nvme_rdma);
     let sock = start_nbd(cfg, state, ports.nbd_tcp, ports.nbd_unix);
     let scheme = if tls.is_some() { "https" } else { "http" };
@@ -337,15 +340,21 @@ fn start_nvme(
     state: &Arc<State>,
     nvme: Vec<tokio::net::TcpListener>,
     discovery: Vec<tokio::net::TcpListener>,
+    tls: millrace_service::nvme_tls::TlsMode,
 ) -> Result<Vec<SocketAddr>> {
     let mut at = Vec::new();
+    if tls == millrace_service::nvme_tls::TlsMode::Required
+        && !millrace_service::nvme_tls::kernel_tls_listed()
+    {
+        tracing::warn!("NVMe/TCP requires TLS, but this kernel does not list kernel TLS yet (/proc/sys/net/ipv4/tcp_available_ulp): each TLS connection loads the tls module, and where there is none it is refused with a logged reason (modprobe tls)");
+    }
     for l in nvme {
         at.push(l.local_addr()?);
         state
             .nvme_listening
             .store(true, std::sync::atomic::Ordering::Relaxed);
         let t = state.nvmf.clone();
-        tokio::spawn(async move { t.serve(l).await });
+        tokio::spawn(async move { t.serve_with(l, tls).await });
     }
     for l in discovery {
         let t = state.nvmf.clone();

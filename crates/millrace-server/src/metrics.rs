@@ -474,6 +474,17 @@ fn register_nvme_rdma(
         };
         hosts.get_or_create(&l).set(n as i64);
     }
+    let tls = Gauge::<i64>::default();
+    let n = (state.nvmf.subsystems().iter())
+        .flat_map(|s| s.hosts.iter())
+        .filter(|h| h.tls)
+        .count();
+    tls.set(n as i64);
+    reg.register(
+        "millrace_nvme_tls_hosts",
+        "Hosts connected to the NVMe-oF target now (controllers) whose admin queue came over TLS",
+        tls,
+    );
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

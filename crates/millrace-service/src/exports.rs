@@ -68,6 +68,11 @@ impl State {
                 keys,
             )
             .map_err(|e| ApiError::conflict(e.to_string()))?;
+        for (host, psk) in crate::nvme_tls::psks_of(&self.home, pool, &v.name)? {
+            (self.nvmf)
+                .set_host_tls_psk(&c.nqn, &host, Some(psk))
+                .map_err(|e| ApiError::conflict(e.to_string()))?;
+        }
         // Path states an operator set hold again, from when their listeners start.
         for p in &c.ana_states {
             let restored = ana_path(&p.transport, &p.listener).and_then(|(t, l)| {
@@ -284,6 +289,7 @@ impl State {
             );
         }
         crate::nvme_auth::forget(&self.home, pool, vol, None)?;
+        crate::nvme_tls::set(&self.home, pool, vol, None, None)?;
         Ok(())
     }
 
@@ -315,8 +321,10 @@ impl State {
         // Its secrets go with it: allowed again later, it starts without.
         if self.serving {
             let _ = self.nvmf.set_host_keys(&c.nqn, host, None);
+            let _ = self.nvmf.set_host_tls_psk(&c.nqn, host, None);
         }
         crate::nvme_auth::forget(&self.home, pool, vol, Some(host))?;
+        crate::nvme_tls::set(&self.home, pool, vol, Some(host), None)?;
         Ok(c)
     }
 
@@ -595,6 +603,38 @@ impl State {
         let resv = live.and_then(|_| self.reservation_of(&c.nqn));
         Ok(nvme_view(self, pool, vol, c, live, self.serving, resv))
     }
+
+    /// Sets or replaces the TLS PSK a host proves itself with on listeners that require TLS,
+    /// live (its next handshake uses it) and recorded.
+    pub fn set_nvme_host_tls_psk(
+        &self,
+        pool: &str,
+        vol: &str,
+        host: &str,
+        psk: &str,
+    ) -> Result<(), ApiError> {
+        check_nqn("the host NQN", host)?;
+        let key = crate::nvme_tls::parse(psk)?;
+        let (_, v) = self.volume(pool, vol)?;
+        let c = nvme_config(&v, pool, vol, EXPORT_FIRST)?;
+        crate::nvme_tls::set(&self.home, pool, vol, Some(host), Some(psk))?;
+        if self.serving && self.nvmf.subsystems().iter().any(|s| s.nqn == c.nqn) {
+            (self.nvmf)
+                .set_host_tls_psk(&c.nqn, host, Some(key))
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// The export's view, as `set_nvme_host_keys` returns it.
+    pub fn nvme_export_view(&self, pool: &str, vol: &str) -> Result<NvmeExportView, ApiError> {
+        let (_, v) = self.volume(pool, vol)?;
+        let c = nvme_config(&v, pool, vol, EXPORT_FIRST)?;
+        let subs = self.nvmf.subsystems();
+        let live = subs.iter().find(|s| s.nqn == c.nqn);
+        let resv = live.and_then(|_| self.reservation_of(&c.nqn));
+        Ok(nvme_view(self, pool, vol, c, live, self.serving, resv))
+    }
 }
 
 /// An NVMe export as the API shows it: its settings, and when live its connections and paths.
@@ -635,6 +675,7 @@ pub(crate) fn nvme_view(
             io_queues: h.io_queues,
             transport: h.transport.as_str().to_string(),
             listener: h.listener.map(|a| a.to_string()),
+            tls: h.tls,
         })
         .collect();
     let paths = (live.iter().flat_map(|s| s.paths.iter()))
@@ -647,6 +688,7 @@ pub(crate) fn nvme_view(
         .collect();
     NvmeExportView {
         dhchap: crate::nvme_auth::modes(&state.home, pool, vol, &c.hosts),
+        tls_psk: crate::nvme_tls::hosts(&state.home, pool, vol),
         pool: pool.to_string(),
         volume: vol.to_string(),
         nqn: c.nqn,

@@ -22,6 +22,7 @@ pub mod model;
 pub mod nfs_rdma;
 pub mod nvme_auth;
 mod nvme_resv;
+pub mod nvme_tls;
 mod pools;
 mod props;
 pub mod rdma;

@@ -276,6 +276,10 @@ pub struct NvmeExportView {
     /// itself) or `bidirectional` (the controller too). Never the secrets.
     #[serde(default)]
     pub dhchap: std::collections::BTreeMap<String, String>,
+    /// The hosts that have a TLS PSK (NVMe/TCP's secure channel, on listeners that require
+    /// TLS). Never the keys.
+    #[serde(default)]
+    pub tls_psk: Vec<String>,
     /// The namespace's persistent reservations: who is registered and who holds what (null
     /// while not serving).
     #[serde(default)]
@@ -330,6 +334,9 @@ pub struct NvmeConnection {
     /// The listener (ADDR:PORT) the host connected through: its path.
     #[serde(default)]
     pub listener: Option<String>,
+    /// Whether the host connected with TLS (NVMe/TCP's secure channel).
+    #[serde(default)]
+    pub tls: bool,
 }
 
 /// One path to an NVMe export: a listener, and the ANA state of the export's group there.
@@ -420,10 +427,15 @@ impl std::fmt::Debug for NvmeExportRequest {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NvmeHostKeysRequest {
     /// The host's secret, `DHHC-1:XX:BASE64:`.
-    pub dhchap_secret: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_secret: Option<String>,
     /// The controller's secret, for bidirectional authentication.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dhchap_ctrl_secret: Option<String>,
+    /// The host's TLS PSK, `NVMeTLSkey-1:HH:BASE64:` (as `nvme gen-tls-key` writes it), for
+    /// listeners that require TLS (`millrace serve --nvme-tls required`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_psk: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug)]

@@ -184,13 +184,21 @@ pub fn set_nvme_host_keys(
     host: &str,
     req: NvmeHostKeysRequest,
 ) -> R<NvmeExportView> {
-    s.set_nvme_host_keys(
-        pool,
-        vol,
-        host,
-        &req.dhchap_secret,
-        req.dhchap_ctrl_secret.as_deref(),
-    )
+    if let Some(p) = &req.tls_psk {
+        s.set_nvme_host_tls_psk(pool, vol, host, p)?;
+    }
+    match &req.dhchap_secret {
+        Some(secret) => {
+            s.set_nvme_host_keys(pool, vol, host, secret, req.dhchap_ctrl_secret.as_deref())
+        }
+        None if req.dhchap_ctrl_secret.is_some() => Err(ApiError::bad_request(
+            "a DH-HMAC-CHAP controller secret needs the host's secret too (--dhchap-secret)",
+        )),
+        None if req.tls_psk.is_some() => s.nvme_export_view(pool, vol),
+        None => Err(ApiError::bad_request(
+            "give the host's DH-HMAC-CHAP secret (--dhchap-secret FILE) or TLS PSK (--tls-psk FILE)",
+        )),
+    }
 }
 
 pub fn set_nvme_ana(s: &Arc<State>, pool: &str, vol: &str, req: AnaRequest) -> R<NvmeExportView> {

@@ -527,6 +527,10 @@ pub struct DiscoveryEntry {
     pub trsvcid: String,
     pub traddr: String,
     pub subnqn: String,
+    /// Transport requirements: 01b secure channel required, 10b not required.
+    pub treq: u8,
+    /// NVMe/TCP's security type (TSAS byte 0): 0 none, 2 TLS 1.3.
+    pub sectype: u8,
 }
 
 fn field(b: &[u8]) -> String {
@@ -551,6 +555,8 @@ pub async fn discover(addr: SocketAddr, o: &HostOptions) -> Result<Vec<Discovery
                 trsvcid: field(&e[32..64]),
                 traddr: field(&e[512..768]),
                 subnqn: field(&e[256..512]),
+                treq: e[3],
+                sectype: e[768],
             });
         }
     }

@@ -16,6 +16,7 @@ use crate::pdu::{
 };
 use crate::plug::Plug;
 use crate::session::{Action, Session};
+use crate::tls::TlsMode;
 use millrace_io::share::Held;
 use millrace_io::IoBuf;
 use parking_lot::Mutex;
@@ -90,12 +91,23 @@ pub(crate) async fn serve_connection(
     sock: TcpStream,
     peer: SocketAddr,
     discovery_only: bool,
+    tls: TlsMode,
 ) {
     let _ = sock.set_nodelay(true);
     let local = sock.local_addr().ok();
+    let handshake_deadline = Instant::now() + t.cfg.handshake_timeout;
+    // NVMe/TCP's secure channel opens before the ICReq, within the same deadline as the
+    // ICReq and Connect: a host that stalls or hangs up mid-handshake only loses its own
+    // connection.
+    let tls_id = match tls {
+        TlsMode::None => None,
+        TlsMode::Required => match tls_handshake(&t, &sock, peer, handshake_deadline).await {
+            Some(id) => Some(id),
+            None => return,
+        },
+    };
     let (rd, mut wr) = sock.into_split();
     let mut rd = Inbound::with_capacity(64 * 1024, rd);
-    let handshake_deadline = Instant::now() + t.cfg.handshake_timeout;
     let Some(ic) = ic_req(&t, &mut rd, &mut wr, peer, handshake_deadline).await else {
         return;
     };
@@ -138,8 +150,9 @@ pub(crate) async fn serve_connection(
     };
     let reply = Outbox::open(t.clone());
     let writer = tokio::spawn(reply.writer(wr, fmt, sqhd.clone()));
-    let session =
-        Session::new(t.clone(), peer, local, discovery_only).with_completer(completer(&reply));
+    let session = Session::new(t.clone(), peer, local, discovery_only)
+        .with_completer(completer(&reply))
+        .with_tls(tls_id);
     let mut c = Conn {
         t: t.clone(),
         peer,
@@ -172,6 +185,47 @@ pub(crate) async fn serve_connection(
     }
     drop(c);
     let _ = writer.await;
+}
+
+/// The TLS 1.3 PSK handshake of a listener that requires it, bounded by `deadline`: the
+/// identity the host proved (its host and subsystem NQNs), or None after counting and logging
+/// why the connection is refused.
+async fn tls_handshake(
+    t: &Arc<Inner>,
+    sock: &TcpStream,
+    peer: SocketAddr,
+    deadline: Instant,
+) -> Option<crate::tls::Identity> {
+    let r = tls_accept(t, sock, deadline).await;
+    if let Err(why) = &r {
+        t.counters
+            .connections_refused
+            .fetch_add(1, Ordering::Relaxed);
+        if let Some(n) = t.refusal_log.allow() {
+            tracing::warn!(%peer, "refusing an NVMe/TCP connection on a listener that requires TLS: {why} ({n} more refusals not logged)");
+        }
+    }
+    r.ok()
+}
+
+async fn tls_accept(
+    t: &Arc<Inner>,
+    sock: &TcpStream,
+    deadline: Instant,
+) -> Result<crate::tls::Identity, String> {
+    let tt = t.clone();
+    let lookup: crate::tls::Lookup = Arc::new(move |id: &crate::tls::Identity| {
+        let s = tt.lookup(&id.subnqn)?;
+        let psk = s.tls_psks.read().get(&id.hostnqn).cloned();
+        psk
+    });
+    match tokio::time::timeout_at(deadline, crate::tls::accept(sock, lookup)).await {
+        Ok(r) => r,
+        Err(_) => {
+            t.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+            Err("the host did not finish the TLS handshake in time".into())
+        }
+    }
 }
 
 /// The connection's first PDU, which must be an ICReq before the handshake deadline; a PDU

@@ -103,7 +103,8 @@ async fn set_nvme_ana(
 }
 
 /// Set or rotate the DH-HMAC-CHAP secrets a host (its NQN, percent-encoded) authenticates with
-/// on a volume's NVMe export; the host's next authentication uses them. Never returned
+/// on a volume's NVMe export, and/or its TLS PSK (`tls_psk`, for listeners that require TLS);
+/// the host's next authentication or TLS handshake uses them. Never returned
 #[utoipa::path(put, path = "/api/v1/exports/nvme/{pool}/{vol}/hosts/{host}/dhchap", tag = "exports",
     params(("pool" = String, Path), ("vol" = String, Path), ("host" = String, Path)),
     request_body = NvmeHostKeysRequest,

@@ -52,6 +52,13 @@ struct ServeArgs {
     /// them it is reported and skipped, and NVMe/TCP serves as before.
     #[arg(long = "nvme-rdma", value_name = "ADDR[:PORT]", value_parser = rdma_addr)]
     nvme_rdma: Vec<SocketAddr>,
+    /// Require TLS 1.3 with a pre-shared key on every NVMe/TCP I/O listener (`required`) or
+    /// not (`none`, the default): NVMe/TCP's secure channel, as Linux 6.7+ (tlshd) and SPDK
+    /// hosts speak it. Give each host its PSK with `millrace export nvme host set-key
+    /// POOL/VOL HOSTNQN --tls-psk FILE`. Needs kernel TLS (the tls module); the discovery
+    /// port stays plain.
+    #[arg(long = "nvme-tls", value_name = "none|required", default_value = "none", value_parser = millrace_service::nvme_tls::TlsMode::parse)]
+    nvme_tls: millrace_service::nvme_tls::TlsMode,
     /// Also listen for NBD clients on this TCP address (only clients an export lists get in);
     /// the Unix socket MILLRACE_HOME/nbd.sock is always there.
     #[arg(long)]
@@ -173,6 +180,7 @@ fn run(home: &Path, a: ServeArgs) -> Result<i32> {
         nvme: if a.no_nvme { Vec::new() } else { a.nvme },
         discovery_port: (!a.no_nvme && a.discovery_port != 0).then_some(a.discovery_port),
         nvme_rdma: a.nvme_rdma,
+        nvme_tls: a.nvme_tls,
         nbd_listen: a.nbd_listen,
         token,
         tls: a

@@ -23,6 +23,7 @@ pub fn config(home: &Path) -> ServeConfig {
         nvme: Vec::new(),
         discovery_port: None,
         nvme_rdma: Vec::new(),
+        nvme_tls: Default::default(),
         nbd_listen: None,
         token: None,
         tls: None,
