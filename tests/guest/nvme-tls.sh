@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # run-in-guest: --disk 112M --disk 112M
+# ci-may-skip: SPDK v24.01 is no package; CI has it only where one is built (see below)
 # Runs inside the guest (tests/guest/run-in-guest). Proves NVMe/TCP's secure channel (TLS 1.3
 # with a PSK, TP 8011) of `millrace serve --nvme-tls required` against an independent host:
 # SPDK v24.01's initiator (bdevperf, its ssl socket) attaches with the host's PSK and runs a
@@ -7,8 +8,8 @@
 # a wrong PSK is refused; nvme-cli reads the discovery log: TLS 1.3 required (TREQ, TSAS). The guest
 # kernel has kernel TLS (CONFIG_TLS=m), which the server hands the records to.
 #
-# SPDK is not packaged: without a built SPDK v24.01 (MILLRACE_SPDK_DIR, default
-# /work/spdk-src/spdk, or the second argument, with build/examples/bdevperf) this script prints
+# SPDK is not packaged: without a built SPDK v24.01 (the second argument, MILLRACE_SPDK_DIR, or
+# /work/spdk-generic, then /work/spdk-src/spdk, with build/examples/bdevperf) this script prints
 # SKIPPED and exits 77, which is a skip, never a pass; so does an SPDK built for another CPU
 # than the guest's (SPDK's default, -march=native, dies of an illegal instruction under the
 # guest's emulated CPU when the host has AVX-512). To get one the guest runs:
@@ -27,7 +28,10 @@ DIR=$(realpath "${1:-$PWD/target/debug}")
 MR=$DIR/millrace
 HERE=$(dirname "$(realpath "$0")")
 # The runner passes no environment: the SPDK tree may come as the second argument too.
-SPDK=${2:-${MILLRACE_SPDK_DIR:-/work/spdk-src/spdk}}
+# Else the first of: a tree built for a common CPU (as below), the one the benchmarks build.
+spdk_default=/work/spdk-src/spdk
+[[ -x /work/spdk-generic/build/examples/bdevperf ]] && spdk_default=/work/spdk-generic
+SPDK=${2:-${MILLRACE_SPDK_DIR:-$spdk_default}}
 [[ -x $MR ]] || { echo "nvme-tls: millrace is missing under $DIR; build it first (cargo build -p millrace-cli -p millrace-server)"; exit 1; }
 if [[ ! -x $SPDK/build/examples/bdevperf ]]; then
   echo "nvme-tls: SKIPPED: no built SPDK v24.01 at $SPDK; get one (git clone -b v24.01 --recursive https://github.com/spdk/spdk; cd spdk; ./configure --target-arch=x86-64-v2 --disable-tests --disable-unit-tests --disable-apps --without-nvme-cuse; make) outside /tmp and pass its tree as the second argument"
