@@ -29,8 +29,8 @@ missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
+SUDO=""; [[ $(id -u) -eq 0 ]] || SUDO=sudo
 if ((${#missing[@]})); then
-  SUDO=""; [[ $(id -u) -eq 0 ]] || SUDO=sudo
   echo "setup: installing ${missing[*]}" >&2
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
