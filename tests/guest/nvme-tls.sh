@@ -98,7 +98,15 @@ JSON
   LD_PRELOAD=$work/salt.so timeout 300 "$SPDK/build/examples/bdevperf" --no-huge -s 512 -m 0x1 \
     --json "$work/bdev.json" -q 16 -o 4096 -w verify -t "$2" > "$work/bdevperf.out" 2>&1
 }
-bdevperf "$work/host.psk" 10 || { cat "$work/bdevperf.out"; fail "bdevperf with the host's PSK"; }
+if ! bdevperf "$work/host.psk" 10; then
+  # An SPDK built for the host's CPU may pass --help above and still stop in DPDK's start-up
+  # check (RDSEED, which the emulated CPU lacks): a skip, like the illegal instruction above.
+  if grep -q "unsupported cpu type" "$work/bdevperf.out"; then
+    echo "nvme-tls: SKIPPED: $SPDK was built for another CPU than the guest's (DPDK: $(grep -m1 -o 'does not support "[A-Z0-9_]*"' "$work/bdevperf.out" || echo 'unsupported cpu type')); build SPDK for a common CPU (./configure --target-arch=x86-64-v2 --disable-tests --disable-unit-tests --disable-apps --without-nvme-cuse; make) and pass its tree as the second argument"
+    exit 77
+  fi
+  cat "$work/bdevperf.out"; fail "bdevperf with the host's PSK"
+fi
 grep -qE "Nvme0n1 .*IOPS|Nvme0n1" "$work/bdevperf.out" || { cat "$work/bdevperf.out"; fail "bdevperf ran no I/O"; }
 grep -qiE "miscompare|error" "$work/bdevperf.out" && { cat "$work/bdevperf.out"; fail "bdevperf reports errors"; }
 tail -5 "$work/bdevperf.out"
