@@ -33,15 +33,17 @@ spdk_default=/work/spdk-src/spdk
 [[ -x /work/spdk-generic/build/examples/bdevperf ]] && spdk_default=/work/spdk-generic
 SPDK=${2:-${MILLRACE_SPDK_DIR:-$spdk_default}}
 [[ -x $MR ]] || { echo "nvme-tls: millrace is missing under $DIR; build it first (cargo build -p millrace-cli -p millrace-server)"; exit 1; }
+# How to build an SPDK the guest can run, said in every skip below.
+build_spdk='./configure --target-arch=x86-64-v2 --disable-tests --disable-unit-tests --disable-apps --without-nvme-cuse; make'
 if [[ ! -x $SPDK/build/examples/bdevperf ]]; then
-  echo "nvme-tls: SKIPPED: no built SPDK v24.01 at $SPDK; get one (git clone -b v24.01 --recursive https://github.com/spdk/spdk; cd spdk; ./configure --target-arch=x86-64-v2 --disable-tests --disable-unit-tests --disable-apps --without-nvme-cuse; make) outside /tmp and pass its tree as the second argument"
+  echo "nvme-tls: SKIPPED: no built SPDK v24.01 at $SPDK; get one (git clone -b v24.01 --recursive https://github.com/spdk/spdk; cd spdk; $build_spdk) outside /tmp and pass its tree as the second argument"
   exit 77
 fi
 # SPDK's default build is for the CPU it was built on (-march=native); the guest's emulated
 # CPU may lack what it uses (AVX-512): a skip, with what to do, not a failure of Millrace's.
 rc=0; "$SPDK/build/examples/bdevperf" --help > /dev/null 2>&1 || rc=$?
 if ((rc == 132)); then
-  echo "nvme-tls: SKIPPED: $SPDK/build/examples/bdevperf dies of an illegal instruction on the guest's CPU; build SPDK for a common CPU (./configure --target-arch=x86-64-v2 --disable-tests --disable-unit-tests --disable-apps --without-nvme-cuse; make) and pass its tree as the second argument"
+  echo "nvme-tls: SKIPPED: $SPDK/build/examples/bdevperf dies of an illegal instruction on the guest's CPU; build SPDK for a common CPU ($build_spdk) and pass its tree as the second argument"
   exit 77
 fi
 HOST=nqn.2014-08.org.nvmexpress:uuid:4d696c6c-7261-6365-0000-000000000011
@@ -102,7 +104,7 @@ if ! bdevperf "$work/host.psk" 10; then
   # An SPDK built for the host's CPU may pass --help above and still stop in DPDK's start-up
   # check (RDSEED, which the emulated CPU lacks): a skip, like the illegal instruction above.
   if grep -q "unsupported cpu type" "$work/bdevperf.out"; then
-    echo "nvme-tls: SKIPPED: $SPDK was built for another CPU than the guest's (DPDK: $(grep -m1 -o 'does not support "[A-Z0-9_]*"' "$work/bdevperf.out" || echo 'unsupported cpu type')); build SPDK for a common CPU (./configure --target-arch=x86-64-v2 --disable-tests --disable-unit-tests --disable-apps --without-nvme-cuse; make) and pass its tree as the second argument"
+    echo "nvme-tls: SKIPPED: $SPDK was built for another CPU than the guest's (DPDK: $(grep -m1 -o 'does not support "[A-Z0-9_]*"' "$work/bdevperf.out" || echo 'unsupported cpu type')); build SPDK for a common CPU ($build_spdk) and pass its tree as the second argument"
     exit 77
   fi
   cat "$work/bdevperf.out"; fail "bdevperf with the host's PSK"
