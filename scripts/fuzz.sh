@@ -39,6 +39,12 @@ fi
 
 fuzz_target_dir=${CARGO_TARGET_DIR:-$PWD/target}/fuzz
 cd fuzz
+# The committed lock file is the one the build uses: where it misses a package (a dependency
+# added to a crate the targets link), cargo would resolve one anew on every run.
+if ! cargo +nightly metadata --locked --format-version 1 > /dev/null; then
+  echo "FAILED fuzz: fuzz/Cargo.lock does not match the crates it builds; run 'cargo +nightly metadata --format-version 1 > /dev/null' in fuzz/ and commit fuzz/Cargo.lock."
+  exit 1
+fi
 echo "--- build: ${targets[*]}"
 cargo +nightly fuzz build --target-dir "$fuzz_target_dir" || { echo "FAILED fuzz: the build failed"; exit 1; }
 

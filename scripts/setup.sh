@@ -24,6 +24,7 @@ APT_PKGS=(
   iproute2        # ip and rdma: the veth pair and the soft-RoCE link in the RDMA guest tests
   e2fsprogs util-linux   # the CSI driver's tests (csi/): mkfs.ext4, dumpe2fs and blkid
   gawk            # blktests' check (tests/conformance/run-blktests.sh)
+  time            # GNU time: each stage's CPU seconds in scripts/test.sh's table
 )
 missing=()
 for p in "${APT_PKGS[@]}"; do

@@ -14,6 +14,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 t_start=$SECONDS
+# How busy the cores were over the whole run (guests and host suites share them): the summary's
+# last line, so a slower run can be told apart from a busier one.
+cpu_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9, $5 + $6 }' /proc/stat; }
+read -r busy0 idle0 <<< "$(cpu_ticks)"
 bash scripts/setup.sh || exit 1
 # A run from a fresh clone gains nothing from incremental caches, which take about as much disk
 # as the build itself; without them a full run from a fresh clone needs about 10 GiB free.
@@ -34,9 +38,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-passed=0 failed=0 failures=() stages=() stage_secs=() stage_result=()
-record() { # NAME SECONDS RESULT
-  stages+=("$1"); stage_secs+=("$2"); stage_result+=("$3")
+passed=0 failed=0 failures=() stages=() stage_secs=() stage_cpu=() stage_result=()
+record() { # NAME SECONDS RESULT [CPU-SECONDS]
+  stages+=("$1"); stage_secs+=("$2"); stage_result+=("$3"); stage_cpu+=("${4:--}")
   if [[ $3 == ok ]]; then
     passed=$((passed + 1)); echo "--- ok: $1 ($2 s)"
   elif [[ $3 == skipped ]]; then
@@ -45,34 +49,26 @@ record() { # NAME SECONDS RESULT
     failed=$((failed + 1)); failures+=("$1"); echo "--- FAILED: $1 ($2 s${3#FAILED})"
   fi
 }
+# A stage's CPU seconds (user and system, its own and its children's) come from GNU time around
+# a bash that runs it (the stages that are shell functions are exported for that): the seconds
+# the cores gave it, beside the wall clock that the guests running alongside stretch.
 step() {
   local name=$1; shift
   echo "=== $name"
-  local t0=$SECONDS
-  if "$@"; then record "$name" $((SECONDS - t0)) ok; else record "$name" $((SECONDS - t0)) FAILED; fi
+  local t0=$SECONDS ok=0 cpu
+  /usr/bin/time -o "$work/cpu" -f '%U %S' bash -c '"$@"' step "$@" && ok=1
+  cpu=$(awk 'END { if (NF == 2) printf "%d", $1 + $2 + 0.5; else print "-" }' "$work/cpu" 2>/dev/null)
+  if ((ok)); then record "$name" $((SECONDS - t0)) ok "$cpu"; else record "$name" $((SECONDS - t0)) FAILED "$cpu"; fi
 }
 
 step "cargo fmt" cargo fmt --all --check
-step "cargo clippy" cargo clippy --workspace --all-targets -q -- -D warnings
 step "layering: no two modules of a crate import each other; crate dependencies as docs/ARCHITECTURE.md" python3 scripts/module-circles.py
 step "sizes: no function over 100 lines, no file over 800" python3 scripts/code-sizes.py
-# The command a user runs for `pool show` links the service layer, not the server: no HTTP server
-# stack, no server-side TLS, no RDMA binding (issue #47; `millrace serve` execs millrace-server).
-# rustls stays, as ureq's client TLS for an HTTPS API.
-cli_links_no_server() {
-  local bad
-  bad=$(cargo tree -p millrace-cli -e normal --prefix none | awk '{print $1}' | sort -u |
-    grep -xE 'axum|axum-core|axum-server|hyper|hyper-util|tokio-rustls|utoipa-axum|rdma-mummy-sys|millrace-rdma|millrace-nvmf-rdma|millrace-server')
-  [[ -z $bad ]] || { echo "millrace-cli links what only the server may:" $bad; return 1; }
-}
-step "layering: the millrace command links no server, HTTP server stack or RDMA binding (cargo tree)" cli_links_no_server
-step "dependencies: none unused (cargo machete)" bash scripts/unused-deps.sh
-# The tests, binaries and examples in one build; the second command only checks that it has
-# nothing left to build (the guests run the binaries and examples).
-build() {
-  cargo test --workspace --no-run -q && cargo build --workspace --bins --examples -q
-}
-step "build: the tests, binaries and examples, once" build
+# One profile, built in two steps so that the guests (the critical path: emulated CPUs) start as
+# soon as what they run exists: first the binaries and examples, then the tests, which reuse
+# every artifact of the first step (the test profile is the dev profile) and add only the test
+# harnesses; a third command checks that nothing was left to build.
+step "build: the binaries and examples (what the guests run)" cargo build --workspace --bins --examples -q
 bins=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug
 export MILLRACE_BINS=$bins
 step "build the CSI driver and csi-sanity for the guest" bash tests/csi/build-for-guest.sh "$bins"
@@ -83,11 +79,31 @@ step "build the CSI driver and csi-sanity for the guest" bash tests/csi/build-fo
 guests=()
 for g in tests/guest/*.sh; do [[ -e $g ]] && guests+=("$(basename "$g" .sh)"); done
 set -m   # the runner gets a process group of its own, so cleanup can end it and its guests
-tests/guest/run-all "$bins" "$work/guests" < /dev/null > "$work/run-all.out" 2>&1 &
+t_guests=$SECONDS
+/usr/bin/time -o "$work/guests.cpu" -f '%e %U %S' tests/guest/run-all "$bins" "$work/guests" < /dev/null > "$work/run-all.out" 2>&1 &
 guest_runner=$!
 set +m
 echo "=== guests: ${#guests[@]} scripts started in the background (tests/guest/run-all; output at the end)"
 
+step "cargo clippy" cargo clippy --workspace --all-targets -q -- -D warnings
+# The command a user runs for `pool show` links the service layer, not the server: no HTTP server
+# stack, no server-side TLS, no RDMA binding (issue #47; `millrace serve` execs millrace-server).
+# rustls stays, as ureq's client TLS for an HTTPS API.
+cli_links_no_server() {
+  local bad
+  bad=$(cargo tree -p millrace-cli -e normal --prefix none | awk '{print $1}' | sort -u |
+    grep -xE 'axum|axum-core|axum-server|hyper|hyper-util|tokio-rustls|utoipa-axum|rdma-mummy-sys|millrace-rdma|millrace-nvmf-rdma|millrace-server')
+  [[ -z $bad ]] || { echo "millrace-cli links what only the server may:" $bad; return 1; }
+}
+export -f cli_links_no_server
+step "layering: the millrace command links no server, HTTP server stack or RDMA binding (cargo tree)" cli_links_no_server
+step "dependencies: none unused (cargo machete)" bash scripts/unused-deps.sh
+
+build_tests() {
+  cargo test --workspace --no-run -q && cargo build --workspace --bins --examples -q
+}
+export -f build_tests
+step "build: the tests (the same profile: nothing above is built again)" build_tests
 step "cargo test" cargo test --workspace -q
 step "api: openapi conformance (schemathesis)" bash tests/api/schemathesis.sh
 step "dashboard: headless chromium" bash tests/dashboard/run.sh
@@ -131,11 +147,14 @@ echo
 total="all (wall clock; the guests ran beside the host suites)"
 w=${#total}
 for n in "${stages[@]}"; do ((${#n} > w)) && w=${#n}; done
-printf '%-*s %7s  %s\n' "$w" stage seconds result
+printf '%-*s %7s %7s  %s\n' "$w" stage seconds cpu-s result
 for i in "${!stages[@]}"; do
-  printf '%-*s %7d  %s\n' "$w" "${stages[$i]}" "${stage_secs[$i]}" "${stage_result[$i]%%,*}"
+  printf '%-*s %7d %7s  %s\n' "$w" "${stages[$i]}" "${stage_secs[$i]}" "${stage_cpu[$i]}" "${stage_result[$i]%%,*}"
 done
 printf '%-*s %7d\n' "$w" "$total" $((SECONDS - t_start))
+read -r busy1 idle1 <<< "$(cpu_ticks)"
+awk -v start="$((t_guests - t_start))" 'NF == 3 { printf "the guests: started at %d s, ran %d s, %d cpu-s (the emulated CPUs)\n", start, $1, $2 + $3 }' "$work/guests.cpu" 2>/dev/null
+echo "cores: $(nproc), busy $(( 100 * (busy1 - busy0) / (busy1 - busy0 + idle1 - idle0 + 1) ))% of the run"
 skipped=$(sort -u "$MILLRACE_SKIPS" | grep -c .)
 if ((skipped)); then
   echo "skipped (could not run here: a Rust test or guest script that needs what this machine lacks fails instead in CI, where CI is set; the Python client's GPU tests skip without PyTorch or a GPU):"
