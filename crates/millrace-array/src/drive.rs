@@ -49,6 +49,15 @@ pub trait Drive: Send + Sync {
     fn deallocate(&self, offset: u64, len: u64) -> io::Result<()> {
         write_zeroes(self, offset, len)
     }
+    /// Makes `[offset, offset + len)` read back as zeroes in one request, where the drive offers
+    /// one that does not write every block: a hole punched in a drive file, or write-zeroes by
+    /// unmapping on a device that guarantees zeroes after it. `Ok(false)`: the drive offers no
+    /// such request and nothing changed. Durable on the next `flush`. The default says no, so
+    /// wrappers (fault injection, the crash tests' drives) keep seeing only ordinary writes.
+    fn zero_by_unmap(&self, offset: u64, len: u64) -> io::Result<bool> {
+        let _ = (offset, len);
+        Ok(false)
+    }
     /// Blocks until the I/O this thread gave the drive has completed. A drive whose calls
     /// return on completion (every real one) has nothing to wait for. The bench's simulated
     /// drives book an I/O's service time (flushes and FUA writes too) and return at once, so
@@ -209,6 +218,9 @@ impl Drive for FileDrive {
     fn direct(&self) -> bool {
         self.direct
     }
+    fn zero_by_unmap(&self, offset: u64, len: u64) -> io::Result<bool> {
+        self.punch(offset, len)
+    }
     /// A drive file gets a hole (`fallocate` PUNCH_HOLE, KEEP_SIZE: its blocks go back to the
     /// filesystem and read as zeroes). On a block device the same call asks the kernel to
     /// write zeroes by unmapping, and only where the device guarantees that unmapped blocks read
@@ -216,26 +228,8 @@ impl Drive for FileDrive {
     /// about what a later read returns, so it is not used). Where neither is offered, zeroes
     /// are written: BLKZEROOUT on a block device, plain writes on a file.
     fn deallocate(&self, offset: u64, len: u64) -> io::Result<()> {
-        if len == 0 {
+        if self.zero_by_unmap(offset, len)? {
             return Ok(());
-        }
-        let (Ok(off), Ok(n)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("the range {offset}+{len} does not fit a file offset"),
-            ));
-        };
-        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        // SAFETY: fallocate on a descriptor this drive owns; no memory is passed.
-        if unsafe { libc::fallocate(self.fd(), mode, off, n) } == 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if !matches!(
-            e.raw_os_error(),
-            Some(libc::EOPNOTSUPP) | Some(libc::EINVAL)
-        ) {
-            return Err(e);
         }
         if self.file.metadata()?.file_type().is_block_device() {
             let range: [u64; 2] = [offset, len];
@@ -246,6 +240,33 @@ impl Drive for FileDrive {
             }
         }
         write_zeroes(self, offset, len)
+    }
+}
+
+impl FileDrive {
+    /// `Drive::zero_by_unmap` for files and block devices: `fallocate` PUNCH_HOLE (KEEP_SIZE),
+    /// which a block device serves as write-zeroes by unmapping, without the kernel's fallback
+    /// of writing the zeroes itself.
+    fn punch(&self, offset: u64, len: u64) -> io::Result<bool> {
+        if len == 0 {
+            return Ok(true);
+        }
+        let (Ok(off), Ok(n)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the range {offset}+{len} does not fit a file offset"),
+            ));
+        };
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        // SAFETY: fallocate on a descriptor this drive owns; no memory is passed.
+        if unsafe { libc::fallocate(self.fd(), mode, off, n) } == 0 {
+            return Ok(true);
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) => Ok(false),
+            _ => Err(e),
+        }
     }
 }
 

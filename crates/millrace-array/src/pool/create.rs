@@ -178,6 +178,7 @@ impl Pool {
             min - data_offset,
         )
         .map_err(PoolError)?;
+        let fresh = fresh || zero_data_areas(&drives, data_offset, geo.member_data_bytes);
         let mut notes = Vec::new();
         if sizes.iter().any(|&s| s != min) {
             notes.push(format!(
@@ -263,4 +264,15 @@ impl Pool {
             notes,
         }
     }
+}
+
+/// Whether every member's data area now reads zeroes, each zeroed by one unmapping request and
+/// flushed: then the new pool is consistent at once (zeroes have zero parity, and mirrors of
+/// zeroes are equal), in seconds on drives that deallocate, where the resync would read and
+/// write every row. A member that offers no such request, or fails it, leaves the pool to the
+/// resync, which meets any real I/O error again and reports it.
+fn zero_data_areas(drives: &[Arc<dyn Drive>], offset: u64, len: u64) -> bool {
+    drives
+        .iter()
+        .all(|d| matches!(d.zero_by_unmap(offset, len), Ok(true)) && d.flush().is_ok())
 }

@@ -95,7 +95,7 @@ struct ServeArgs {
     cpus: Option<CpuList>,
     /// The buffer pool all request data lives in, mapped at start-up: the bound on the exports'
     /// payload memory (default 256M; at least 1M per core). When it is full, requests wait.
-    #[arg(long, value_name = "SIZE", value_parser = parse_bytes)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_bytes, env = "MILLRACE_BUFFER_POOL")]
     buffer_pool: Option<u64>,
 }
 
