@@ -68,7 +68,12 @@ step "sizes: no function over 100 lines, no file over 800" python3 scripts/code-
 # soon as what they run exists: first the binaries and examples, then the tests, which reuse
 # every artifact of the first step (the test profile is the dev profile) and add only the test
 # harnesses; a third command checks that nothing was left to build.
-step "build: the binaries and examples (what the guests run)" cargo build --workspace --bins --examples -q
+# (The guest nvme-tls-ktls also runs one test binary, crates/millrace-nvmf/tests/tls.rs.)
+build_for_guests() {
+  cargo build --workspace --bins --examples -q && cargo test --workspace --no-run -q --test tls
+}
+export -f build_for_guests
+step "build: the binaries, examples and the tls test (what the guests run)" bash -c build_for_guests
 bins=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug
 export MILLRACE_BINS=$bins
 step "build the CSI driver and csi-sanity for the guest" bash tests/csi/build-for-guest.sh "$bins"
@@ -85,11 +90,7 @@ guest_runner=$!
 set +m
 echo "=== guests: ${#guests[@]} scripts started in the background (tests/guest/run-all; output at the end)"
 
-# From here the guests are the critical path: emulated CPUs, scripts that wait on timers between
-# bursts of work. The stages that only compile (clippy, the test build, the fuzz build and its
-# short run) yield the cores to them (nice 10) and fill the guests' pauses; the stages that time
-# things (the Rust tests, the soak, the stock tools) keep their ordinary share.
-step "cargo clippy" nice -n 10 cargo clippy --workspace --all-targets -q -- -D warnings
+step "cargo clippy" cargo clippy --workspace --all-targets -q -- -D warnings
 # The command a user runs for `pool show` links the service layer, not the server: no HTTP server
 # stack, no server-side TLS, no RDMA binding (issue #47; `millrace serve` execs millrace-server).
 # rustls stays, as ureq's client TLS for an HTTPS API.
@@ -107,11 +108,11 @@ build_tests() {
   cargo test --workspace --no-run -q && cargo build --workspace --bins --examples -q
 }
 export -f build_tests
-step "build: the tests (the same profile: nothing above is built again)" nice -n 10 bash -c build_tests
+step "build: the tests (the same profile: nothing above is built again)" build_tests
 step "cargo test" cargo test --workspace -q
 step "api: openapi conformance (schemathesis)" bash tests/api/schemathesis.sh
 step "dashboard: headless chromium" bash tests/dashboard/run.sh
-step "fuzz: replay the corpora, then nvme/tcp pdu and session, nbd session, api json (short run)" nice -n 10 bash scripts/fuzz.sh
+step "fuzz: replay the corpora, then nvme/tcp pdu and session, nbd session, api json (short run)" bash scripts/fuzz.sh
 step "soak: NVMe/TCP and NBD clients dropping and reconnecting, 45 s" bash tests/soak/run.sh
 step "nbd: the stock tools (nbdinfo, qemu-img, nbdsh, nbdcopy), trim, fast zero, kill -9" bash tests/nbd/stock-tools.sh
 step "csi: gofmt, go vet, go test, manifests" bash tests/csi/check.sh

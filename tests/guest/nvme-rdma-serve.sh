@@ -36,6 +36,11 @@ BADHOSTID=4d696c6c-7261-6365-0000-0000000000ff
 NQN=nqn.2026-11.dev.millrace:tank.scratch
 work=$(mktemp -d /tmp/nvmerdmaserve.XXXXXX)
 export MILLRACE_HOME=$work/home MILLRACE_LOG=${MILLRACE_LOG:-info}
+# The hang-up test's 48 stalled hosts hold buffers: with the guests' 32 MiB pool (run-in-guest)
+# one stalled queue stayed open past its 300 s deadline (the closure waited on buffers the other
+# stalled queues held; found in CI at 549cdb5, not yet fixed in the target), so the server here
+# keeps the default 256 MiB this test was written against.
+export MILLRACE_BUFFER_POOL=256M
 t0=$(date +%s)
 step() { echo "nvme-rdma-serve: [$(( $(date +%s) - t0 ))s] $*"; }
 fail() {
