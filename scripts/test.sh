@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Every test Millrace has: style, lints, the Rust suites, the Python client, and the real Linux
 # clients in a guest kernel. Installs what it needs first. Ends with a table of each stage's
-# seconds and "N passed, M failed" (", K skipped" where tests could not run here, listed above
+# seconds (wall clock and CPU) and "N passed, M failed" (", K skipped" where tests could not run here, listed above
 # it: in CI, where CI is set, a Rust test that lacks what it needs fails instead).
 #
-# Each profile is built once: `cargo test --workspace --no-run` builds the tests, the binaries and
-# the examples (the test profile is the dev profile), and every later stage runs those (their
-# folder is MILLRACE_BINS) instead of building its own. Once they are built the guest scripts
+# Each profile is built once (the test profile is the dev profile), and every later stage runs
+# what it made (its folder is MILLRACE_BINS) instead of building its own. Once the binaries and
+# examples are built (before the tests, which reuse them) the guest scripts
 # (tests/guest/*.sh, in throwaway VMs) start in the background (tests/guest/run-all: in groups
 # that share a boot, MILLRACE_GUEST_JOBS guests at a time, 2 by default) while the host suites
 # run here; each script's output is printed whole, in order, at the end, and counts as a stage

@@ -58,6 +58,14 @@ fn used_files(dir: &Path, n: usize, seed: u64) -> Vec<PathBuf> {
     paths
 }
 
+/// Bytes the drive files hold on the filesystem under them.
+fn allocated(paths: &[PathBuf]) -> u64 {
+    paths
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().blocks() * 512)
+        .sum()
+}
+
 /// The pool reads zeroes everywhere and a scrub that repairs nothing finds every row right.
 fn check_zeroed_and_consistent(pool: &Pool, what: &str) {
     assert!(
@@ -92,16 +100,10 @@ fn drive_files_that_held_data_are_zeroed_by_holes() {
     {
         let dir = tempfile::tempdir().unwrap();
         let paths = used_files(dir.path(), n, i as u64);
-        let before: u64 = paths
-            .iter()
-            .map(|p| std::fs::metadata(p).unwrap().blocks() * 512)
-            .sum();
+        let before = allocated(&paths);
         let pool = Pool::create(&opts(level), &paths).unwrap();
         check_zeroed_and_consistent(&pool, &format!("{level:?} on drive files"));
-        let after: u64 = paths
-            .iter()
-            .map(|p| std::fs::metadata(p).unwrap().blocks() * 512)
-            .sum();
+        let after = allocated(&paths);
         assert!(
             after < before / 4,
             "{level:?}: the data areas were not given back ({before} bytes allocated before, {after} after)"
