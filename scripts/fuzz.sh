@@ -5,8 +5,8 @@
 # (nbd_session), and the HTTP API's JSON bodies and query strings (api_json).
 #   1. replay: every input of the committed, minimised corpora (fuzz/corpus/TARGET) runs once
 #      (-runs=0); any crash fails the run.
-#   2. a short fuzz from those corpora: FUZZ_SECONDS each (45 by default) for pdu_decode and
-#      conn_session, NBD_FUZZ_SECONDS (30) for nbd_session, API_FUZZ_SECONDS (30) for api_json,
+#   2. a short fuzz from those corpora: FUZZ_SECONDS each (30 by default) for pdu_decode and
+#      conn_session, NBD_FUZZ_SECONDS (20) for nbd_session, API_FUZZ_SECONDS (20) for api_json,
 #      FUZZ_JOBS targets at a time (2 by default: one per core). New inputs go to a scratch
 #      folder; the committed corpora stay as they are.
 # FUZZ_TARGETS picks some of them (e.g. FUZZ_TARGETS=api_json). The hour-long run of one target:
@@ -18,9 +18,9 @@
 # in fuzz/ minimises fuzz/corpus/TARGET.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-secs=${FUZZ_SECONDS:-45}
-nbd_secs=${NBD_FUZZ_SECONDS:-${FUZZ_SECONDS:-30}}
-api_secs=${API_FUZZ_SECONDS:-${FUZZ_SECONDS:-30}}
+secs=${FUZZ_SECONDS:-30}
+nbd_secs=${NBD_FUZZ_SECONDS:-${FUZZ_SECONDS:-20}}
+api_secs=${API_FUZZ_SECONDS:-${FUZZ_SECONDS:-20}}
 jobs=${FUZZ_JOBS:-2}
 targets=(${FUZZ_TARGETS:-pdu_decode conn_session nbd_session api_json})
 
