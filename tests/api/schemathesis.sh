@@ -8,7 +8,7 @@
 # the run's meaning: POST /api/v1/pools and /pools/import (they create drive files at generated
 # paths), DELETE /api/v1/pools/{pool} (destroys the pool under test), PUT .../data (raw writes
 # over the volume table), POST /api/v1/bench (a generated run could hold both cores for
-# minutes), POST /api/v1/shares (on a host with nbd, xfs and nfsd it would mount and export). The Rust tests in crates/millrace-server/tests/api.rs cover them.
+# minutes), POST /api/v1/shares (on a host with nbd, xfs and nfsd it would mount and export). The Rust tests in crates/millrace-server/tests/it/api.rs cover them.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)

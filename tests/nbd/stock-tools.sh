@@ -124,7 +124,7 @@ python3 -c 'import json,sys; n=[e["export-name"] for e in json.loads(sys.argv[1]
 nbdinfo --size "nbd+unix:///?socket=$tmp/own.sock" >/dev/null || fail "the empty name does not select the socket's only export"
 nbdinfo --size "nbd+unix:///r0v?socket=$tmp/own.sock" >/dev/null 2>&1 && fail "another export is reachable on an export's own socket"
 out=$(nbdinfo --size "nbd+unix:///?socket=$MILLRACE_HOME/nbd.sock" 2>&1) && fail "the empty name on the shared socket was accepted"
-# (nbdinfo does not print the server's message; crates/millrace-nbd/tests/protocol.rs checks
+# (nbdinfo does not print the server's message; crates/millrace-nbd/tests/it/protocol.rs checks
 # that it names the exports.)
 list=$(nbdinfo --list --json "nbd+unix:///?socket=$MILLRACE_HOME/nbd.sock")
 [[ $(python3 -c 'import json,sys; print(len(json.loads(sys.argv[1])["exports"]))' "$list") == 3 ]] || fail "the shared socket does not list every export"

@@ -176,7 +176,7 @@ fn thousands_of_concurrent_ios_stay_within_a_small_pool() {
     })
     .unwrap();
     // One host here: its share is the whole pool, so the pool's own bound is what pushes back
-    // (tests/host_share.rs tests the shares).
+    // (tests/it/host_share.rs tests the shares).
     let t = Target::new(TargetConfig {
         max_host_buffer_bytes: Some(4 << 20),
         ..Default::default()

@@ -6,7 +6,7 @@
 // Functions stay under 100 lines (clippy.toml); tests may be longer.
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
 
-// Dependencies point one way (tests/layers.rs checks it), from the bottom up: error (the
+// Dependencies point one way (tests/it/layers.rs checks it), from the bottom up: error (the
 // service's refusals as HTTP answers), lifecycle, http (the accept loop); metrics, rdma; api.
 // The service layer (state, operations, model) is millrace-service, below this crate.
 mod api;

@@ -19,7 +19,7 @@
 //! its strips go stale; were one acknowledged (and flushed) before the record, a crash would
 //! reopen the pool with the member in service, its stale strips read as data (resync would even
 //! make parity agree with them). Linux md likewise holds writes back while a failure's
-//! superblock update is pending. tests/crash_ring.rs found this.
+//! superblock update is pending. tests/it/crash_ring.rs found this.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -99,7 +99,7 @@ impl Pool {
         // Online in memory only once the superblocks say so: a whole pool writes stripes
         // without the partial-parity log, and a crash before the record would reopen the
         // member as still rebuilding from an earlier checkpoint, its strips past it rebuilt from
-        // parity that such a torn write left stale (tests/crash_ring.rs found this).
+        // parity that such a torn write left stale (tests/it/crash_ring.rs found this).
         for &m in &targets {
             self.array.set_member_state(m, MemberState::Online);
         }

@@ -1,0 +1,16 @@
+//! The crate's integration tests in one binary (issue #47): a binary per file linked every
+//! dependency again, which made the test build a third longer; each file is a module here.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod bench;
+mod cli;
+mod either_way;
+mod failures;
+mod hangups;
+mod nbd_export;
+mod nvme_hangups;
+mod serve;
+mod shares;
+mod stop_causes;

@@ -1,0 +1,14 @@
+//! The crate's integration tests in one binary (issue #47): a binary per file linked every
+//! dependency again, which made the test build a third longer; each file is a module here.
+
+#[path = "../common/drained.rs"]
+mod drained;
+
+mod auth;
+mod host_share;
+mod hostile;
+mod integration;
+mod multipath;
+mod pdu_props;
+mod plug;
+mod reservations;
