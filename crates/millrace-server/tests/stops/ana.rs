@@ -221,8 +221,7 @@ fn each_listener_is_a_path_whose_ana_state_is_set_and_shown() {
         Some(json!({"listener": listeners[1], "state": "optimized"})),
     );
     assert_eq!(st, 200, "{v}");
-    // SAFETY: a plain kill(2) of this process; the server's signal handler takes it.
-    unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+    crate::sigterm();
     server.join().unwrap();
     let addrs = listeners.iter().map(|l| l.parse().unwrap()).collect();
     let (url, server) = start(&home, addrs, Some(&s.url));
@@ -258,6 +257,6 @@ fn each_listener_is_a_path_whose_ana_state_is_set_and_shown() {
             );
         }
     });
-    unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+    crate::sigterm();
     server.join().unwrap();
 }

@@ -1,8 +1,8 @@
 //! SIGTERM during heavy writes (#16 item 7c): the server stops accepting, lets the requests
 //! already inside the volumes finish, refuses the rest, and only then records the pools clean.
 //! Afterwards the pool is clean on its drives, every write the initiators were told was done
-//! reads back, and a scrub finds parity consistent. Alone in its test binary: it sends SIGTERM
-//! to its own process, which the server it started catches.
+//! reads back, and a scrub finds parity consistent. It sends SIGTERM to its own process, which
+//! the server it started catches (hence tests/stops/, one test at a time).
 
 use crate::common;
 use std::net::SocketAddr;
@@ -128,8 +128,7 @@ fn sigterm_during_heavy_writes_loses_nothing_and_leaves_the_pool_clean() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    // SAFETY: a plain kill(2) of this process; the server's signal handler takes it.
-    unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+    crate::sigterm();
     server.join().unwrap().expect("the server stops cleanly");
     rt.block_on(async {
         for w in writers {

@@ -13,3 +13,9 @@ mod nvme_tls;
 
 /// Held by each test while its servers run: a SIGTERM stops every server in the process.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Stops the server the calling test started, as an operator does: SIGTERM to this process.
+fn sigterm() {
+    // SAFETY: a plain kill(2) of this process; the server's signal handler takes it.
+    unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+}

@@ -1,7 +1,7 @@
 //! DH-HMAC-CHAP through the API (#49): an export with a host secret, shown as `dhchap: host`
 //! and never returned; its store 0600; after a restart the target still asks the host to
 //! authenticate (the right key works, none is refused); set-key rotates (old refused, new
-//! works). Alone in its test binary: the restart sends SIGTERM to its own process.
+//! works). The restart sends SIGTERM to its own process (hence tests/stops/, one test at a time).
 
 use crate::common;
 use std::os::unix::fs::PermissionsExt;
@@ -143,8 +143,7 @@ fn secrets_are_kept_hidden_survive_a_restart_and_rotate() {
     assert_eq!(mode & 0o777, 0o600);
 
     // Restart: the secret is loaded with the export.
-    // SAFETY: a plain kill(2) of this process; the server's signal handler takes it.
-    unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+    crate::sigterm();
     server.join().unwrap().expect("the server stops cleanly");
     let c2 = cfg();
     std::thread::spawn(move || {

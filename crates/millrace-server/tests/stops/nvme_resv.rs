@@ -2,8 +2,8 @@
 //! holds a write-exclusive reservation and asked for it to persist through power loss; the API,
 //! /metrics and the record in the home show it; `millrace serve` stops (SIGTERM) and starts
 //! again on the same home, and the hosts find their registrations and the reservation where
-//! they left them; the operator's clear ends it. Alone in its test binary: it sends SIGTERM to
-//! its own process, which the server it started catches.
+//! they left them; the operator's clear ends it. It sends SIGTERM to its own process, which the
+//! server it started catches (hence tests/stops/, one test at a time).
 
 use crate::common;
 use std::net::SocketAddr;
@@ -73,8 +73,7 @@ fn start(home: &Path, not: Option<&str>) -> (String, SocketAddr, std::thread::Jo
 }
 
 fn stop(server: std::thread::JoinHandle<()>) {
-    // SAFETY: a plain kill(2) of this process; the server's signal handler takes it.
-    unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+    crate::sigterm();
     server.join().unwrap();
 }
 

@@ -1,8 +1,8 @@
 //! NVMe/TCP's secure channel through the server (#49): `nvme_tls: Required` on the listener, a
 //! host's TLS PSK given through the API (a damaged key refused with a sentence that does not
 //! quote it), shown only as the host's name and kept 0600; after a restart OpenSSL's client
-//! completes the handshake with that key and a wrong key is refused. Alone in its test binary:
-//! the restart sends SIGTERM to its own process.
+//! completes the handshake with that key and a wrong key is refused. The restart sends SIGTERM
+//! to its own process (hence tests/stops/, one test at a time).
 
 use crate::common;
 use std::io::{Read, Write};
@@ -130,8 +130,7 @@ fn tls_psks_are_kept_hidden_and_survive_a_restart() {
     let mode = std::fs::metadata(&store).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
 
-    // SAFETY: a plain kill(2) of this process; the server's signal handler takes it.
-    unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+    crate::sigterm();
     server.join().unwrap().expect("the server stops cleanly");
     let c2 = cfg();
     std::thread::spawn(move || {
