@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use millrace_server::datapath::DataPathConfig;
 use millrace_server::ServeConfig;
+use serde_json::Value;
 
 /// A server for `home` with the API on 127.0.0.1:0, no NVMe or NBD listener (NBD's Unix
 /// socket is always there), no token, no TLS, the default HTTP limits and bench budget, and a
@@ -83,4 +84,57 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// An HTTP client for a test server's API: an error status is an answer, not an error; a call
+/// takes 60 s at most.
+pub fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into()
+}
+
+/// `method` (GET and DELETE without a body, PUT and POST with a JSON one) on `url` + `path`:
+/// the status and the body as text.
+pub fn call(
+    agent: &ureq::Agent,
+    url: &str,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, String) {
+    let url = format!("{url}{path}");
+    let r = match (method, body) {
+        ("GET", None) => agent.get(&url).call(),
+        ("DELETE", None) => agent.delete(&url).call(),
+        ("PUT", Some(b)) => agent.put(&url).send_json(&b),
+        ("POST", Some(b)) => agent.post(&url).send_json(&b),
+        (m, b) => panic!(
+            "no {m} {} in these tests",
+            if b.is_some() {
+                "with a body"
+            } else {
+                "without a body"
+            }
+        ),
+    };
+    let mut r = r.expect("the server answers");
+    (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
+}
+
+/// [`call`], the body as JSON (as a JSON string of its text where it is not JSON).
+pub fn call_json(
+    agent: &ureq::Agent,
+    url: &str,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let (status, text) = call(agent, url, method, path, body);
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
 }

@@ -3,7 +3,6 @@
 //! refused with a sentence, and the states served again after a restart on the same listeners.
 
 use crate::common;
-use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -15,20 +14,7 @@ struct Server {
 
 impl Server {
     fn call(&self, method: &str, p: &str, body: Option<Value>) -> (u16, Value) {
-        let url = format!("{}{p}", self.url);
-        let r = match (method, body) {
-            ("GET", _) => self.agent.get(&url).call(),
-            ("PUT", Some(b)) => self.agent.put(&url).send_json(&b),
-            ("POST", Some(b)) => self.agent.post(&url).send_json(&b),
-            _ => unreachable!(),
-        };
-        let mut r = r.expect("the server answers");
-        let status = r.status().as_u16();
-        let text = r.body_mut().read_to_string().unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        common::call_json(&self.agent, &self.url, method, p, body)
     }
     fn refused(&self, p: &str, body: Value, status: u16) -> String {
         let (st, v) = self.call("PUT", p, Some(body));
@@ -65,11 +51,7 @@ fn each_listener_is_a_path_whose_ana_state_is_set_and_shown() {
     let any = "127.0.0.1:0".parse().unwrap();
     let home = dir.path().join("home");
     let (url, server) = start(&home, vec![any, any], None);
-    let agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(60)))
-        .build()
-        .into();
+    let agent = common::agent();
     let s = Server {
         url,
         agent,

@@ -5,7 +5,6 @@
 
 use crate::common;
 use std::os::unix::fs::PermissionsExt;
-use std::time::Duration;
 
 use millrace_nvmf::dhchap::{HostKeys, Secret};
 use millrace_nvmf::initiator::{HostAuth, HostController, HostOptions};
@@ -17,26 +16,8 @@ fn secret(seed: u8) -> Secret {
     Secret::new((0..32).map(|i| i ^ seed).collect(), None).unwrap()
 }
 
-fn call(
-    agent: &ureq::Agent,
-    url: &str,
-    method: &str,
-    p: &str,
-    body: Option<Value>,
-) -> (u16, String) {
-    let url = format!("{url}{p}");
-    let r = match (method, body) {
-        ("GET", _) => agent.get(&url).call(),
-        ("PUT", Some(b)) => agent.put(&url).send_json(&b),
-        ("POST", Some(b)) => agent.post(&url).send_json(&b),
-        _ => unreachable!(),
-    };
-    let mut r = r.expect("the server answers");
-    (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
-}
-
 fn nvme_addr(agent: &ureq::Agent, url: &str) -> std::net::SocketAddr {
-    let (_, st) = call(agent, url, "GET", "/api/v1/status", None);
+    let (_, st) = common::call(agent, url, "GET", "/api/v1/status", None);
     let st: Value = serde_json::from_str(&st).unwrap();
     let l = &st["nvme_listeners"][0];
     format!("{}:{}", l["address"].as_str().unwrap(), l["port"])
@@ -78,15 +59,11 @@ fn secrets_are_kept_hidden_survive_a_restart_and_rotate() {
         rt.block_on(millrace_server::run(c1))
     });
     let url = common::wait_url(&home, None);
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(60)))
-        .build()
-        .into();
+    let agent = common::agent();
     let drives: Vec<String> = (0..2)
         .map(|i| dir.path().join(format!("d{i}.img")).display().to_string())
         .collect();
-    let (st, v) = call(
+    let (st, v) = common::call(
         &agent,
         &url,
         "POST",
@@ -96,7 +73,7 @@ fn secrets_are_kept_hidden_survive_a_restart_and_rotate() {
         ),
     );
     assert_eq!(st, 201, "{v}");
-    let (st, v) = call(
+    let (st, v) = common::call(
         &agent,
         &url,
         "POST",
@@ -109,7 +86,7 @@ fn secrets_are_kept_hidden_survive_a_restart_and_rotate() {
     // A damaged secret is refused with a sentence that does not quote it.
     let mut bad = old.encode();
     bad.replace_range(12..14, "AA");
-    let (st, v) = call(
+    let (st, v) = common::call(
         &agent,
         &url,
         "POST",
@@ -118,7 +95,7 @@ fn secrets_are_kept_hidden_survive_a_restart_and_rotate() {
     );
     assert_eq!(st, 400, "{v}");
     assert!(v.contains("checksum") && !v.contains(&bad[10..40]), "{v}");
-    let (st, v) = call(
+    let (st, v) = common::call(
         &agent,
         &url,
         "POST",
@@ -134,7 +111,7 @@ fn secrets_are_kept_hidden_survive_a_restart_and_rotate() {
         .to_string();
     let b64 = |s: &Secret| s.encode()[10..50].to_string();
     assert!(!v.contains(&b64(&old)), "{v}");
-    let (_, ex) = call(&agent, &url, "GET", "/api/v1/exports", None);
+    let (_, ex) = common::call(&agent, &url, "GET", "/api/v1/exports", None);
     let exv: Value = serde_json::from_str(&ex).unwrap();
     assert_eq!(exv["nvme"][0]["dhchap"][HOST], "host", "{ex}");
     assert!(!ex.contains(&b64(&old)), "{ex}");
@@ -156,7 +133,7 @@ fn secrets_are_kept_hidden_survive_a_restart_and_rotate() {
     assert!(connect(addr, &nqn, None).is_err(), "no key is refused");
 
     // Rotation: the old key is refused, the new one works.
-    let (st, v) = call(
+    let (st, v) = common::call(
         &agent,
         &url,
         "PUT",

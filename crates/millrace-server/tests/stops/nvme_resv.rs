@@ -8,7 +8,6 @@
 use crate::common;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::Duration;
 
 use millrace_nvmf::cmd::Status;
 use millrace_nvmf::initiator::{HostController, HostOptions};
@@ -28,30 +27,8 @@ fn host(i: usize) -> HostOptions {
     }
 }
 
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(60)))
-        .build()
-        .into()
-}
-
 fn call(url: &str, method: &str, p: &str, body: Option<Value>) -> (u16, Value) {
-    let a = agent();
-    let url = format!("{url}{p}");
-    let r = match (method, body) {
-        ("GET", _) => a.get(&url).call(),
-        ("DELETE", _) => a.delete(&url).call(),
-        (_, Some(b)) => a.post(&url).send_json(&b),
-        _ => unreachable!(),
-    };
-    let mut r = r.expect("the server answers");
-    let status = r.status().as_u16();
-    let text = r.body_mut().read_to_string().unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
+    common::call_json(&common::agent(), url, method, p, body)
 }
 
 /// Starts a server on `home` in a thread of its own; returns its URL, its NVMe/TCP address and
@@ -78,7 +55,10 @@ fn stop(server: std::thread::JoinHandle<()>) {
 }
 
 fn metric_lines(url: &str) -> Vec<String> {
-    let mut r = agent().get(format!("{url}/metrics")).call().unwrap();
+    let mut r = common::agent()
+        .get(format!("{url}/metrics"))
+        .call()
+        .unwrap();
     let text = r.body_mut().read_to_string().unwrap();
     (text.lines())
         .filter(|l| l.starts_with("millrace_nvme_reservation_"))

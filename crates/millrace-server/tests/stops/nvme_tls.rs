@@ -17,24 +17,6 @@ const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:00000049-0000-0000-0000-0000
 const KEY: &str = "NVMeTLSkey-1:01:EBESExQVFhcYGRobHB0eHyAhIiMkJSYnKCkqKywtLi9A/ow7:";
 const WRONG: &str = "NVMeTLSkey-1:00:oKGio6SlpqeoqaqrrK2ur7CxsrO0tba3uLm6u7y9vr8G4daz:";
 
-fn call(
-    agent: &ureq::Agent,
-    url: &str,
-    method: &str,
-    p: &str,
-    body: Option<Value>,
-) -> (u16, String) {
-    let url = format!("{url}{p}");
-    let r = match (method, body) {
-        ("GET", _) => agent.get(&url).call(),
-        ("PUT", Some(b)) => agent.put(&url).send_json(&b),
-        ("POST", Some(b)) => agent.post(&url).send_json(&b),
-        _ => unreachable!(),
-    };
-    let mut r = r.expect("the server answers");
-    (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
-}
-
 /// Whether OpenSSL's client completes a TLS 1.3 handshake with `key` as HOST on `nqn`.
 fn handshake(addr: std::net::SocketAddr, nqn: &str, key: &str) -> bool {
     let key = Psk::parse(key).unwrap();
@@ -79,22 +61,18 @@ fn tls_psks_are_kept_hidden_and_survive_a_restart() {
         rt.block_on(millrace_server::run(c1))
     });
     let url = common::wait_url(&home, None);
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(60)))
-        .build()
-        .into();
+    let agent = common::agent();
     let drives: Vec<String> = (0..2)
         .map(|i| dir.path().join(format!("d{i}.img")).display().to_string())
         .collect();
     let body = json!({"name": "tank", "level": "raid1", "drives": drives, "create_size_bytes": 16u64 << 20});
     assert_eq!(
-        call(&agent, &url, "POST", "/api/v1/pools", Some(body)).0,
+        common::call(&agent, &url, "POST", "/api/v1/pools", Some(body)).0,
         201
     );
     let body = json!({"name": "v", "size_bytes": 4u64 << 20});
     assert_eq!(
-        call(
+        common::call(
             &agent,
             &url,
             "POST",
@@ -105,7 +83,7 @@ fn tls_psks_are_kept_hidden_and_survive_a_restart() {
         201
     );
     let body = json!({"pool": "tank", "volume": "v", "hosts": [HOST]});
-    let (st, v) = call(&agent, &url, "POST", "/api/v1/exports/nvme", Some(body));
+    let (st, v) = common::call(&agent, &url, "POST", "/api/v1/exports/nvme", Some(body));
     assert_eq!(st, 201, "{v}");
     let nqn = serde_json::from_str::<Value>(&v).unwrap()["nqn"]
         .as_str()
@@ -114,14 +92,14 @@ fn tls_psks_are_kept_hidden_and_survive_a_restart() {
     let path = format!("/api/v1/exports/nvme/tank/v/hosts/{HOST}/dhchap");
 
     let bad = KEY.replace("EBES", "EBEA");
-    let (st, v) = call(&agent, &url, "PUT", &path, Some(json!({"tls_psk": bad})));
+    let (st, v) = common::call(&agent, &url, "PUT", &path, Some(json!({"tls_psk": bad})));
     assert_eq!(st, 400, "{v}");
     assert!(v.contains("checksum") && !v.contains(&KEY[16..40]), "{v}");
-    let (st, v) = call(&agent, &url, "PUT", &path, Some(json!({"tls_psk": KEY})));
+    let (st, v) = common::call(&agent, &url, "PUT", &path, Some(json!({"tls_psk": KEY})));
     assert_eq!(st, 200, "{v}");
     let view: Value = serde_json::from_str(&v).unwrap();
     assert_eq!(view["tls_psk"], json!([HOST]), "{v}");
-    let (_, ex) = call(&agent, &url, "GET", "/api/v1/exports", None);
+    let (_, ex) = common::call(&agent, &url, "GET", "/api/v1/exports", None);
     assert!(
         !ex.contains(&KEY[16..40]) && !v.contains(&KEY[16..40]),
         "{ex}"
@@ -138,7 +116,7 @@ fn tls_psks_are_kept_hidden_and_survive_a_restart() {
         rt.block_on(millrace_server::run(c2))
     });
     let url = common::wait_url(&home, Some(&url));
-    let (_, st) = call(&agent, &url, "GET", "/api/v1/status", None);
+    let (_, st) = common::call(&agent, &url, "GET", "/api/v1/status", None);
     let st: Value = serde_json::from_str(&st).unwrap();
     let l = &st["nvme_listeners"][0];
     let addr: std::net::SocketAddr = format!("{}:{}", l["address"].as_str().unwrap(), l["port"])
