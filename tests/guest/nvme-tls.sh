@@ -52,10 +52,13 @@ fi
 none=$(mktemp /tmp/nvmetls-none.XXXXXX.json); echo '{"subsystems":[]}' > "$none"
 probe=$(timeout 60 "$SPDK/build/examples/bdevperf" --no-huge -s 64 -m 0x1 --json "$none" -q 1 -o 4096 -w read -t 1 2>&1 || true)
 rm -f "$none"
-if [[ $probe == *"unsupported cpu type"* ]]; then
-  echo "nvme-tls: SKIPPED: $SPDK was built for another CPU than the guest's (DPDK: $(grep -m1 -o 'does not support "[A-Z0-9_]*"' <<< "$probe" || echo 'unsupported cpu type')); build SPDK for a common CPU ($build_spdk) and pass its tree as the second argument"
+# other_cpu OUTPUT: where bdevperf's OUTPUT says DPDK refused the CPU, skip, naming what it lacks.
+other_cpu() {
+  [[ $1 == *"unsupported cpu type"* ]] || return 0
+  echo "nvme-tls: SKIPPED: $SPDK was built for another CPU than the guest's (DPDK: $(grep -m1 -o 'does not support "[A-Z0-9_]*"' <<< "$1" || echo 'unsupported cpu type')); build SPDK for a common CPU ($build_spdk) and pass its tree as the second argument"
   exit 77
-fi
+}
+other_cpu "$probe"
 HOST=nqn.2014-08.org.nvmexpress:uuid:4d696c6c-7261-6365-0000-000000000011
 HOST384=nqn.2014-08.org.nvmexpress:uuid:4d696c6c-7261-6365-0000-000000000012
 NQN=nqn.2026-11.dev.millrace:tank.tls
@@ -112,10 +115,7 @@ JSON
 }
 if ! bdevperf "$work/host.psk" 10; then
   # (The probe above should have caught this; a skip all the same.)
-  if grep -q "unsupported cpu type" "$work/bdevperf.out"; then
-    echo "nvme-tls: SKIPPED: $SPDK was built for another CPU than the guest's (DPDK: $(grep -m1 -o 'does not support "[A-Z0-9_]*"' "$work/bdevperf.out" || echo 'unsupported cpu type')); build SPDK for a common CPU ($build_spdk) and pass its tree as the second argument"
-    exit 77
-  fi
+  other_cpu "$(cat "$work/bdevperf.out")"
   cat "$work/bdevperf.out"; fail "bdevperf with the host's PSK"
 fi
 grep -qE "Nvme0n1 .*IOPS|Nvme0n1" "$work/bdevperf.out" || { cat "$work/bdevperf.out"; fail "bdevperf ran no I/O"; }
